@@ -1,0 +1,1 @@
+"""Custom TensorFlow ops of crossover_tf (built from ../../ops, loaded lazily)."""

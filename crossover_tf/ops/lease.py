@@ -1,0 +1,131 @@
+"""Thin Python loader and wrappers for the device-lease ops (ops/lease_ops.cc).
+
+The shared library is loaded on first use, as Horovod and tensorflow/custom-op do, so importing
+crossover_tf stays cheap and a missing build gives a clear message instead of an ImportError
+deep in TensorFlow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import re
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+LIBRARY_PATH = pathlib.Path(__file__).with_name("_lease_ops.so")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+# Tags recorded with each acquisition in the lease timeline.
+TAG_COMPUTE = 1
+TAG_APPLY = 2
+TAG_OTHER = 0
+
+_STATS_FIELDS = ("acquires", "handoffs", "contended", "recoveries", "wait_s", "hold_s",
+                 "max_wait_s", "max_hold_s", "held")
+
+
+@functools.lru_cache(maxsize=None)
+def load_library() -> Any:
+    """Loads _lease_ops.so once; raises a clear error if it was never built."""
+    if not LIBRARY_PATH.exists():
+        raise FileNotFoundError(
+            f"crossover_tf lease op library not found at {LIBRARY_PATH}; build it with "
+            "`make -C ops PYTHON=$(which python)` or run scripts/install.sh")
+    return tf.load_op_library(str(LIBRARY_PATH))
+
+
+def validate_name(kind: str, value: str, max_len: int) -> str:
+    """Checks a group or device key early, with the same rule as the C++ side."""
+    if not isinstance(value, str) or not _NAME_RE.match(value) or len(value) > max_len:
+        raise ValueError(f"crossover lease {kind} {value!r} is invalid: use 1-{max_len} "
+                         "characters from [A-Za-z0-9_-]")
+    return value
+
+
+def default_device_key(local_rank: int = 0) -> str:
+    """Names this process's device on its host: $CROSSOVER_DEVICE_KEY, else gpu<i> or cpu<i>.
+
+    Two jobs share a lease only if they name the same key on the same host; launchers that
+    emulate several hosts on one machine set CROSSOVER_DEVICE_KEY per emulated host.
+    """
+    key = os.environ.get("CROSSOVER_DEVICE_KEY")
+    if key:
+        return validate_name("device key", key, 32)
+    kind = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    return f"{kind}{local_rank}"
+
+
+def segment_path(group: str, device_key: str) -> pathlib.Path:
+    """Where the lease's shared-memory segment lives (for cleanup by launchers and tests)."""
+    return pathlib.Path("/dev/shm") / f"crossover.{group}.{device_key}"
+
+
+def unlink(group: str, device_key: str) -> None:
+    """Removes the segment name; processes that have it open keep working."""
+    segment_path(validate_name("group", group, 64),
+                 validate_name("device key", device_key, 32)).unlink(missing_ok=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseStats:
+    """This process's cumulative use of one lease."""
+    acquires: int
+    handoffs: int
+    contended: int
+    recoveries: int
+    wait_s: float
+    hold_s: float
+    max_wait_s: float
+    max_hold_s: float
+    held: bool
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+class DeviceLease:
+    """One (group, device) lease as seen by this process; the methods build or run TF ops.
+
+    acquire/release take a nest of tensors and return it unchanged, so that they can be
+    threaded through a graph: `grads = lease.release(grads)` runs after grads exist.
+    """
+
+    def __init__(self, group: str, device_key: str, timeout_s: float = 600.0):
+        self.group = validate_name("group", group, 64)
+        self.device_key = validate_name("device key", device_key, 32)
+        if not timeout_s > 0:
+            raise ValueError(f"lease timeout must be positive, got {timeout_s}")
+        self.timeout_s = float(timeout_s)
+        self._ops = load_library()
+
+    def __repr__(self) -> str:
+        return f"DeviceLease(group={self.group!r}, device_key={self.device_key!r})"
+
+    def acquire(self, tensors: Any = (), tag: int = TAG_OTHER) -> Any:
+        return self._pass_through(self._ops.crossover_acquire_lease, tensors,
+                                  timeout_seconds=self.timeout_s, tag=tag)
+
+    def release(self, tensors: Any = ()) -> Any:
+        return self._pass_through(self._ops.crossover_yield_lease, tensors)
+
+    def _pass_through(self, op: Any, tensors: Any, **attrs: Any) -> Any:
+        flat = tf.nest.flatten(tensors)
+        out = op(flat, group=self.group, device_key=self.device_key, **attrs)
+        if not flat:  # graph mode returns the Operation for an op without outputs
+            return tensors
+        return tf.nest.pack_sequence_as(tensors, out)
+
+    def stats(self) -> LeaseStats:
+        values = self._ops.crossover_lease_stats(group=self.group, device_key=self.device_key)
+        v = np.asarray(values)
+        return LeaseStats(int(v[0]), int(v[1]), int(v[2]), int(v[3]), float(v[4]), float(v[5]),
+                          float(v[6]), float(v[7]), bool(v[8]))
+
+    def timeline(self) -> np.ndarray:
+        """[n, 4] int64: request_ns, acquired_ns, released_ns (0 = held), tag; wall clock."""
+        return np.asarray(
+            self._ops.crossover_lease_timeline(group=self.group, device_key=self.device_key))

@@ -1,0 +1,4 @@
+"""Shim for editable installs; all metadata lives in setup.cfg."""
+from setuptools import setup
+
+setup()

@@ -1,0 +1,61 @@
+"""A lease contender run as its own OS process by the lease tests and benchmark.
+
+Modes (argv[1]):
+  cycles GROUP KEY N HOLD_MS OUT   acquire/hold/release N times, write intervals to OUT (JSON)
+  hold GROUP KEY READY_FILE        acquire, touch READY_FILE, then sleep until killed
+  acquire GROUP KEY TIMEOUT OUT    one acquire; write the wall time it succeeded (or the error)
+  exit_holding GROUP KEY           acquire and exit without releasing
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from crossover_tf.ops.lease import DeviceLease  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    mode, group, key = argv[1], argv[2], argv[3]
+    lease = DeviceLease(group, key, timeout_s=float(argv[4]) if mode == "acquire" else 30.0)
+    if mode == "cycles":
+        n, hold_s, out = int(argv[4]), float(argv[5]) / 1000.0, argv[6]
+        lease.acquire()  # warm up op construction before recording
+        lease.release()
+        intervals = []
+        for _ in range(n):
+            lease.acquire()
+            start = time.time_ns()
+            time.sleep(hold_s)
+            end = time.time_ns()
+            lease.release()
+            intervals.append((start, end))
+        pathlib.Path(out).write_text(json.dumps(
+            {"pid": os.getpid(), "intervals": intervals, "stats": lease.stats().as_dict(),
+             "timeline": lease.timeline().tolist()}))
+    elif mode == "hold":
+        lease.acquire()
+        pathlib.Path(argv[4]).write_text(str(os.getpid()))
+        time.sleep(120)
+    elif mode == "acquire":
+        out = pathlib.Path(argv[5])
+        try:
+            lease.acquire()
+            out.write_text(json.dumps({"acquired_ns": time.time_ns(),
+                                       "recoveries": lease.stats().recoveries}))
+        except Exception as e:  # reported to the test, which asserts on it
+            out.write_text(json.dumps({"error": type(e).__name__, "message": str(e)}))
+    elif mode == "exit_holding":
+        lease.acquire()
+        os._exit(0)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
