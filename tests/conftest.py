@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
+import subprocess
 import sys
 import uuid
 
@@ -30,3 +32,24 @@ def child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
+
+
+def horovodrun_command(num_proc: int, *command: str) -> list[str]:
+    """`horovodrun --gloo` on localhost, from this interpreter's environment."""
+    horovodrun = pathlib.Path(sys.executable).with_name("horovodrun")
+    return [str(horovodrun), "--gloo", "-np", str(num_proc), "-H", f"localhost:{num_proc}",
+            *command]
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float,
+                cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Runs cmd in its own process group; on timeout kills the whole group and fails."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)

@@ -1,0 +1,76 @@
+"""Horovod collectives the strategy uses, each written once.
+
+Only Horovod's TensorFlow ops (allreduce, grouped_allreduce, broadcast, allgather_object) are
+used: horovod.keras does not support Keras 3. None of these may run while this process holds
+the device lease; callers release it first (see CrossoverStrategy.synchronize_gradients).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+_REDUCE_OPS = {"sum": hvd.Sum, "mean": hvd.Average}
+
+
+def horovod_reduce_op(reduce_op: Any) -> Any:
+    """Maps tf.distribute.ReduceOp or 'sum'/'mean' to Horovod's op; rejects anything else."""
+    name = getattr(reduce_op, "value", reduce_op)
+    key = str(name).lower()
+    if key not in _REDUCE_OPS:
+        raise ValueError(f"unsupported reduce op {reduce_op!r}; use tf.distribute.ReduceOp.SUM "
+                         "or MEAN (or 'sum' / 'mean')")
+    return _REDUCE_OPS[key]
+
+
+def allreduce_gradients(grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
+                        compression: Any = hvd.Compression.none) -> list[tf.Tensor | None]:
+    """Averages gradients over all ranks in one grouped (fused) allreduce; None stays None.
+
+    Sparse gradients are densified: a grouped allreduce needs dense tensors, and for the
+    models this project targets the dense path is what Horovod's sparse_as_dense would pick.
+    """
+    present = [i for i, g in enumerate(grads) if g is not None]
+    dense = [tf.convert_to_tensor(grads[i]) for i in present]
+    reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression,
+                                    name="crossover_grads") if dense else []
+    out: list[tf.Tensor | None] = [None] * len(grads)
+    for i, r in zip(present, reduced):
+        out[i] = r
+    return out
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
+    """Overwrites variables with root_rank's values (initial weights, optimizer state)."""
+    variables = list(variables)
+    if not variables:
+        return
+
+    @tf.function
+    def broadcast_all() -> None:
+        for i, v in enumerate(variables):
+            v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank, name=f"crossover_bcast_{i}"))
+
+    broadcast_all()
+
+
+def average_scalars(values: dict[str, float]) -> dict[str, float]:
+    """Averages a dict of scalars (e.g. Keras logs) across ranks, in a stable key order."""
+    keys = sorted(k for k, v in values.items() if _is_scalar(v))
+    if not keys:
+        return dict(values)
+    stacked = tf.constant([float(values[k]) for k in keys], tf.float64)
+    averaged = hvd.allreduce(stacked, op=hvd.Average, name="crossover_metric_average").numpy()
+    return {**values, **{k: float(a) for k, a in zip(keys, averaged)}}
+
+
+def _is_scalar(value: Any) -> bool:
+    array = np.asarray(value)
+    return array.ndim == 0 and np.issubdtype(array.dtype, np.number)
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """Every rank's obj, in rank order (for configuration consistency checks)."""
+    return hvd.allgather_object(obj, name="crossover_config_check")

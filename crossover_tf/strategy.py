@@ -1,0 +1,235 @@
+"""CrossoverStrategy: tf.distribute-style surface over Horovod plus the device lease.
+
+It is a wrapper with tf.distribute.Strategy's method names rather than a subclass: Keras 3
+reads `distribute_strategy` from the current tf.distribute strategy and, for a custom subclass,
+routes variable creation and the train loop through tf.distribute's replica machinery, which
+Horovod's one-process-per-replica model does not fit. Like OneDeviceStrategy, each process is
+one replica on one device; Horovod connects the processes. Learning rates are used as given:
+nothing is scaled by the number of replicas (scale it yourself if you want the usual linear rule).
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any, Callable, Iterator, Sequence
+
+import horovod.tensorflow as hvd
+import keras
+import tensorflow as tf
+from absl import logging
+
+from crossover_tf import collectives
+from crossover_tf.ops import lease as lease_lib
+
+
+class CrossoverStrategy:
+    """Synchronous data parallelism with Horovod, crossed with a peer job on the same devices.
+
+    Args:
+      group: crossover group key shared by the two jobs that take turns on each device.
+        Empty or None: plain Horovod, no lease (the baseline).
+      device_key: name of this process's device on its host; default $CROSSOVER_DEVICE_KEY or
+        gpu<local_rank>/cpu<local_rank>.
+      lease_timeout_s: how long an acquire may wait before failing (a stuck or dead peer).
+      compression: Horovod gradient compression (hvd.Compression.none or .fp16).
+      init_horovod: call hvd.init(); with False, Horovod must already be initialised.
+    """
+
+    def __init__(self, group: str | None = "", *, device_key: str | None = None,
+                 lease_timeout_s: float = 600.0, compression: Any = hvd.Compression.none,
+                 init_horovod: bool = True):
+        if init_horovod:
+            hvd.init()
+        elif not hvd.is_initialized():
+            raise RuntimeError("crossover_tf: Horovod is not initialised; call hvd.init() first "
+                               "or construct CrossoverStrategy(init_horovod=True)")
+        self.group = group or ""
+        self.compression = compression
+        self.device_key = device_key or lease_lib.default_device_key(hvd.local_rank())
+        self.lease = (lease_lib.DeviceLease(self.group, self.device_key, lease_timeout_s)
+                      if self.group else None)
+        self._check_consistent_across_ranks()
+        self._device = self._local_device()
+        logging.info("crossover_tf: rank %d/%d device %s lease %s", self.rank, self.size,
+                     self._device, self.lease)
+
+    # ----- tf.distribute-style surface -------------------------------------------------------
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return hvd.size()
+
+    @property
+    def rank(self) -> int:
+        return hvd.rank()
+
+    @property
+    def size(self) -> int:
+        return hvd.size()
+
+    @property
+    def local_rank(self) -> int:
+        return hvd.local_rank()
+
+    @property
+    def should_save_summary(self) -> bool:
+        """Only rank 0 writes summaries (TensorBoard) so runs are not duplicated per rank."""
+        return self.rank == 0
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Only rank 0 saves models/checkpoints; all ranks hold identical weights."""
+        return self.rank == 0
+
+    @property
+    def is_crossover(self) -> bool:
+        return self.lease is not None
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator["CrossoverStrategy"]:
+        """Places variables and ops created inside on this replica's device."""
+        with tf.device(self._device):
+            yield self
+
+    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
+            kwargs: dict[str, Any] | None = None) -> Any:
+        """Runs fn once on this process's replica (one replica per process, as with Horovod)."""
+        with self.scope():
+            return fn(*args, **(kwargs or {}))
+
+    def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
+        """Reduces value across all ranks (and first along axis locally, as tf.distribute does).
+
+        A collective: call it outside any region that holds the device lease.
+        """
+        op = collectives.horovod_reduce_op(reduce_op)
+
+        def reduce_one(t: Any) -> tf.Tensor:
+            t = tf.convert_to_tensor(t)
+            if axis is not None:
+                if op is hvd.Sum:
+                    t = tf.reduce_sum(t, axis=axis)
+                else:
+                    # Mean over all ranks' elements: sum locally, divide by the global count.
+                    count = hvd.allreduce(tf.cast(tf.shape(t)[axis], t.dtype), op=hvd.Sum)
+                    return hvd.allreduce(tf.reduce_sum(t, axis=axis), op=hvd.Sum) / count
+            return hvd.allreduce(t, op=op)
+
+        return tf.nest.map_structure(reduce_one, value)
+
+    def experimental_distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """Alias of distribute_dataset (tf.distribute's name)."""
+        return self.distribute_dataset(dataset)
+
+    def distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """Splits each *global* batch so this rank gets rows rank, rank+size, ...
+
+        Every rank must see the same global batches (same order and seed). Step s on all ranks
+        together then covers exactly global batch s, which is what makes the distributed job
+        equal to a single process on the global batch. Each rank reads all data; for large
+        inputs prefer distribute_datasets_from_function, which reads only this rank's shard.
+        """
+        size, rank = self.size, self.rank
+        if size == 1:
+            return dataset
+
+        def take_rows(*batch: Any) -> Any:
+            first = tf.nest.flatten(batch)[0]
+            tf.debugging.assert_equal(
+                tf.shape(first)[0] % size, 0,
+                message=f"global batch size must be divisible by the {size} Horovod ranks")
+            picked = tf.nest.map_structure(lambda t: t[rank::size], batch)
+            return picked if len(picked) > 1 else picked[0]
+
+        return dataset.map(take_rows, num_parallel_calls=tf.data.AUTOTUNE,
+                           deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+    def distribute_datasets_from_function(
+            self, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
+    ) -> tf.data.Dataset:
+        """Calls dataset_fn with this rank's InputContext (shard index = rank)."""
+        context = tf.distribute.InputContext(num_input_pipelines=self.size,
+                                             input_pipeline_id=self.rank,
+                                             num_replicas_in_sync=self.size)
+        return dataset_fn(context)
+
+    # ----- Keras integration -----------------------------------------------------------------
+    def callbacks(self, *, average_metrics: bool = True) -> list[keras.callbacks.Callback]:
+        """Callbacks for model.fit: install the crossover step, broadcast initial state from
+        rank 0, average logged metrics over ranks, release the device when training ends."""
+        from crossover_tf import callbacks  # local: callbacks imports this module
+        result: list[keras.callbacks.Callback] = [callbacks.CrossoverTrainStepCallback(self),
+                                                  callbacks.BroadcastInitialState(self)]
+        if average_metrics:
+            result.append(callbacks.MetricAverage(self))
+        return result
+
+    def prepare(self, model: keras.Model) -> None:
+        """Installs the crossover train step on a compiled model (callbacks() does this too)."""
+        from crossover_tf import train_step
+        train_step.install(model, self)
+
+    # ----- crossover -------------------------------------------------------------------------
+    def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:
+        """yield device -> grouped allreduce (average) -> acquire device, in graph order.
+
+        Call with the device held (right after computing gradients); returns averaged
+        gradients with the device held again. Without a group: just the allreduce.
+        """
+        grads = list(grads)
+        if self.lease is not None:
+            grads = _release_present(self.lease, grads)
+        grads = collectives.allreduce_gradients(grads, self.compression)
+        if self.lease is not None:
+            grads = _acquire_present(self.lease, grads)
+        return grads
+
+    def release_device(self) -> None:
+        """Eagerly gives up the lease if held (end of training, errors); no-op otherwise."""
+        if self.lease is not None:
+            self.lease.release()
+
+    def lease_stats(self) -> dict[str, float]:
+        """This process's lease statistics ({} without a crossover group)."""
+        return self.lease.stats().as_dict() if self.lease is not None else {}
+
+    # ----- internals -------------------------------------------------------------------------
+    def _local_device(self) -> str:
+        gpus = tf.config.list_logical_devices("GPU")
+        return gpus[self.local_rank % len(gpus)].name if gpus else "/CPU:0"
+
+    def _check_consistent_across_ranks(self) -> None:
+        """Fails fast on configuration that would deadlock or silently mis-schedule later."""
+        mine = {"group": self.group, "host": socket.gethostname(), "device_key": self.device_key}
+        everyone = collectives.allgather_objects(mine) if self.size > 1 else [mine]
+        groups = sorted({c["group"] for c in everyone})
+        if len(groups) > 1:
+            per_rank = ", ".join(f"rank {r}: {c['group']!r}" for r, c in enumerate(everyone))
+            raise ValueError("crossover_tf: ranks of one job must use the same crossover group; "
+                             f"got {per_rank}")
+        seen: dict[tuple[str, str], int] = {}
+        for r, c in enumerate(everyone):
+            where = (c["host"], c["device_key"])
+            if where in seen and self.group:
+                raise ValueError(
+                    f"crossover_tf: ranks {seen[where]} and {r} of one job share device key "
+                    f"{c['device_key']!r} on host {c['host']!r}; they would serialise each "
+                    "other. Give each local rank its own device (CROSSOVER_DEVICE_KEY).")
+            seen[where] = r
+
+
+def _release_present(lease: lease_lib.DeviceLease, grads: list[Any]) -> list[Any]:
+    return _through_lease(lambda g: lease.release(g), grads)
+
+
+def _acquire_present(lease: lease_lib.DeviceLease, grads: list[Any]) -> list[Any]:
+    return _through_lease(lambda g: lease.acquire(g, tag=lease_lib.TAG_APPLY), grads)
+
+
+def _through_lease(op: Callable[[list[Any]], list[Any]], grads: list[Any]) -> list[Any]:
+    """Threads the non-None gradients through a lease op, keeping None placeholders."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    passed = op([grads[i] for i in present])
+    out = list(grads)
+    for i, g in zip(present, passed):
+        out[i] = g
+    return out

@@ -1,0 +1,116 @@
+"""Trains a tiny Keras model with CrossoverStrategy (or plain Keras) and writes what it saw.
+
+Run under `horovodrun --gloo` by tests/test_strategy.py. Writes JSON with per-step losses as
+Keras logged them on this rank, final weights, lease stats and timeline.
+
+  strategy_worker.py OUT --group G [--steps N] [--reference] [--save DIR] [--bad_xla]
+                     [--group_per_rank]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+GLOBAL_BATCH = 32
+FEATURES, CLASSES = 16, 4
+
+
+class HostCallback(keras.layers.Layer):
+    """Calls back into Python (tf.numpy_function), which XLA cannot compile."""
+
+    def call(self, x):
+        y = tf.numpy_function(lambda a: a, [x], tf.float32, stateful=False)
+        return tf.ensure_shape(y, x.shape)
+
+
+def build_model(bad_xla: bool) -> keras.Model:
+    layers = [keras.Input((FEATURES,)), keras.layers.Dense(64, activation="tanh")]
+    if bad_xla:
+        layers.append(HostCallback())
+    layers += [keras.layers.Dense(64, activation="tanh"), keras.layers.Dense(CLASSES)]
+    model = keras.Sequential(layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=True)
+    return model
+
+
+def global_dataset(steps: int) -> tf.data.Dataset:
+    rng = np.random.default_rng(123)
+    n = GLOBAL_BATCH * steps
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    y = (np.argmax(x[:, :CLASSES], axis=1)).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH, drop_remainder=True)
+
+
+class RecordLosses(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--group", default="")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--reference", action="store_true", help="plain Keras, one process")
+    parser.add_argument("--save", default="")
+    parser.add_argument("--bad_xla", action="store_true")
+    parser.add_argument("--group_per_rank", action="store_true")
+    parser.add_argument("--fit_only", action="store_true", help="skip evaluate/predict")
+    args = parser.parse_args()
+
+    keras.utils.set_random_seed(7)
+    record = RecordLosses()
+    result: dict = {}
+    if args.reference:
+        model = build_model(args.bad_xla)
+        model.fit(global_dataset(args.steps), epochs=1, verbose=0, callbacks=[record])
+        rank = 0
+    else:
+        import horovod.tensorflow as hvd
+        import crossover_tf
+        group = args.group
+        if args.group_per_rank:
+            hvd.init()
+            group = f"{args.group}{hvd.rank()}"
+        strategy = crossover_tf.CrossoverStrategy(group=group, lease_timeout_s=60)
+        rank = strategy.rank
+        keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
+        with strategy.scope():
+            model = build_model(args.bad_xla)
+        model.fit(strategy.distribute_dataset(global_dataset(args.steps)), epochs=1, verbose=0,
+                  callbacks=[*strategy.callbacks(), record])
+        result["lease_stats"] = strategy.lease_stats()
+        if strategy.lease is not None:
+            result["timeline"] = strategy.lease.timeline().tolist()
+        if args.fit_only:
+            args.save = ""
+        else:
+            result["evaluate"] = model.evaluate(strategy.distribute_dataset(global_dataset(2)),
+                                                verbose=0, return_dict=True)
+            result["predict_shape"] = list(model.predict(np.zeros((3, FEATURES), "float32"),
+                                                         verbose=0).shape)
+        result["jit_compile"] = bool(model.jit_compile)
+        if args.save and strategy.should_checkpoint:
+            model.save(os.path.join(args.save, "model.keras"))
+    result.update(rank=rank, losses=record.losses,
+                  weights=[w.tolist() for w in model.get_weights()])
+    path = args.out.replace("RANK", str(rank))
+    with open(path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""CrossoverStrategy end to end: real Horovod processes (horovodrun --gloo on localhost)."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import horovodrun_command, run_bounded
+
+WORKER = str(pathlib.Path(__file__).with_name("strategy_worker.py"))
+STEPS = 30
+
+
+def _load(tmp_path: pathlib.Path, prefix: str, ranks: int) -> list[dict]:
+    return [json.loads((tmp_path / f"{prefix}_{r}.json").read_text()) for r in range(ranks)]
+
+
+def _check(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stdout[-6000:]
+
+
+def _compute_overlaps_peer_comm(mine: list, peer: list) -> int:
+    """Steps in which this job computed (held the lease for compute) while the peer was in its
+    allreduce (between releasing after compute and re-acquiring for apply)."""
+    compute = [(e[1], e[2]) for e in mine if e[3] == 1 and e[2]]
+    peer_events = [e for e in peer if e[2]]
+    comm = [(c[2], a[1]) for c, a in zip(peer_events, peer_events[1:]) if c[3] == 1 and a[3] == 2]
+    return sum(any(min(ce, me) > max(cs, ms) for ms, me in comm) for cs, ce in compute)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group, child_env):
+    common = ["--steps", str(STEPS)]
+    job_a = subprocess.Popen(
+        horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                           "--group", lease_group, "--save", str(tmp_path), *common),
+        env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        _check(run_bounded(horovodrun_command(
+            2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"), "--group", lease_group,
+            *common), child_env, timeout=240))
+        out, _ = job_a.communicate(timeout=240)
+        assert job_a.returncode == 0, out[-6000:]
+    finally:
+        job_a.kill()
+    _check(run_bounded(horovodrun_command(
+        2, sys.executable, WORKER, str(tmp_path / "solo_RANK.json"), *common), child_env, 240))
+    _check(run_bounded([sys.executable, WORKER, str(tmp_path / "ref_RANK.json"), "--reference",
+                        *common], child_env, 240))
+
+    crossed_a, crossed_b = _load(tmp_path, "a", 2), _load(tmp_path, "b", 2)
+    solo, (reference,) = _load(tmp_path, "solo", 2), _load(tmp_path, "ref", 1)
+    for crossed, plain in zip(crossed_a, solo):
+        assert len(crossed["losses"]) == STEPS
+        np.testing.assert_allclose(crossed["losses"], plain["losses"], rtol=1e-6, atol=1e-7)
+        for w_crossed, w_plain in zip(crossed["weights"], plain["weights"]):
+            np.testing.assert_allclose(w_crossed, w_plain, rtol=1e-6, atol=1e-7)
+    # Keras logs each rank's running mean loss; their average is the global running mean.
+    mean_loss = np.mean([r["losses"] for r in crossed_a], axis=0)
+    np.testing.assert_allclose(mean_loss, reference["losses"], rtol=1e-4, atol=1e-6)
+    for w_rank0, w_rank1, w_ref in zip(crossed_a[0]["weights"], crossed_a[1]["weights"],
+                                       reference["weights"]):
+        np.testing.assert_array_equal(w_rank0, w_rank1)
+        np.testing.assert_allclose(w_rank0, w_ref, rtol=1e-4, atol=1e-5)
+    assert reference["losses"][-1] < reference["losses"][0]
+
+    for rank in range(2):
+        a_stats, b_stats = crossed_a[rank]["lease_stats"], crossed_b[rank]["lease_stats"]
+        assert a_stats["acquires"] == 2 * STEPS and b_stats["acquires"] == 2 * STEPS
+        assert a_stats["handoffs"] + b_stats["handoffs"] > 0, (a_stats, b_stats)
+        assert not a_stats["held"] and not b_stats["held"]
+    overlaps = sum(_compute_overlaps_peer_comm(crossed_a[r]["timeline"], crossed_b[r]["timeline"])
+                   + _compute_overlaps_peer_comm(crossed_b[r]["timeline"],
+                                                 crossed_a[r]["timeline"]) for r in range(2))
+    assert overlaps > 0, "no step of one job computed during the other's allreduce"
+
+    # evaluate/predict work after crossed training; only rank 0 saved the model.
+    for r in crossed_a:
+        assert np.isfinite(r["evaluate"]["loss"]) and r["predict_shape"] == [3, 4]
+    assert sorted(p.name for p in tmp_path.glob("*.keras")) == ["model.keras"]
+    import keras
+    restored = keras.models.load_model(tmp_path / "model.keras")
+    for w_saved, w_trained in zip(restored.get_weights(), crossed_a[0]["weights"]):
+        np.testing.assert_allclose(w_saved, w_trained)
+
+
+@pytest.mark.multiprocess
+def test_xla_compiles_compute_and_apply_but_not_collectives(tmp_path, lease_group, child_env):
+    """XLA's own dump lists what it compiled: the compute and apply functions, never the outer
+    step that holds Horovod's allreduce and the lease ops. Also the no-peer path."""
+    dump = tmp_path / "xla_dump"
+    env = {**child_env, "XLA_FLAGS": f"--xla_dump_to={dump}"}
+    _check(run_bounded([sys.executable, WORKER, str(tmp_path / "x_RANK.json"), "--group",
+                        lease_group, "--steps", "5", "--fit_only"], env, timeout=180))
+    modules = {p.name.split(".")[1] for p in dump.glob("*before_optimizations.txt")}
+    assert any("crossover_compute_gradients" in m for m in modules), modules
+    assert any("crossover_apply_gradients" in m for m in modules), modules
+    assert not any("one_step_on_data" in m or "multi_step" in m for m in modules), modules
+    (result,) = _load(tmp_path, "x", 1)
+    assert result["jit_compile"] is True
+    stats = result["lease_stats"]   # alone on the device: never waits behind anyone
+    assert stats["acquires"] == 10 and stats["handoffs"] == 0 and stats["contended"] == 0
+
+
+@pytest.mark.multiprocess
+def test_model_xla_cannot_compile_fails_clearly(tmp_path, lease_group, child_env):
+    result = run_bounded([sys.executable, WORKER, str(tmp_path / "bad_RANK.json"), "--group",
+                          lease_group, "--steps", "3", "--bad_xla"], child_env, timeout=180)
+    assert result.returncode != 0
+    assert "XLA could not compile the model's training computation" in result.stdout
+
+
+@pytest.mark.multiprocess
+def test_mismatched_groups_between_ranks_fail_clearly(tmp_path, lease_group, child_env):
+    result = run_bounded(horovodrun_command(
+        2, sys.executable, WORKER, str(tmp_path / "m_RANK.json"), "--group", lease_group,
+        "--group_per_rank"), child_env, timeout=180)
+    assert result.returncode != 0
+    assert "ranks of one job must use the same crossover group" in result.stdout
+
+
+def test_uninitialised_horovod_is_a_clear_error():
+    import horovod.tensorflow as hvd
+    import crossover_tf
+    if hvd.is_initialized():
+        hvd.shutdown()
+    with pytest.raises(RuntimeError, match="Horovod is not initialised"):
+        crossover_tf.CrossoverStrategy(group="g", init_horovod=False)
+
+
+def test_single_process_surface():
+    """size-1 strategy: tf.distribute-style methods behave like OneDeviceStrategy."""
+    import tensorflow as tf
+    import crossover_tf
+    strategy = crossover_tf.CrossoverStrategy(group="")
+    assert strategy.num_replicas_in_sync == 1 and strategy.rank == 0
+    assert strategy.should_save_summary and strategy.should_checkpoint
+    assert not strategy.is_crossover and strategy.lease_stats() == {}
+    assert float(strategy.reduce("sum", tf.constant([1.0, 2.0]), axis=0)) == 3.0
+    assert float(strategy.reduce(tf.distribute.ReduceOp.MEAN, tf.constant([1.0, 3.0]),
+                                 axis=0)) == 2.0
+    assert strategy.run(lambda a, b: a + b, args=(2, 3)) == 5
+    with pytest.raises(ValueError, match="unsupported reduce op"):
+        strategy.reduce("max", tf.constant(1.0))
+    ds = tf.data.Dataset.range(8).batch(4)
+    assert [b.numpy().tolist() for b in strategy.distribute_dataset(ds)] == [[0, 1, 2, 3],
+                                                                            [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="group 'a b' is invalid"):
+        crossover_tf.CrossoverStrategy(group="a b")
