@@ -1,9 +1,12 @@
 """Keras callbacks that make model.fit a correct crossover/Horovod job (see strategy.callbacks)."""
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import keras
+import numpy as np
+import tensorflow as tf
 
 from crossover_tf import collectives, train_step
 
@@ -66,3 +69,54 @@ class MetricAverage(keras.callbacks.Callback):
         if logs is None or self.strategy.size == 1:
             return
         logs.update(collectives.average_scalars(logs))
+
+
+class StepStatistics(keras.callbacks.Callback):
+    """Per-step wall time, throughput, loss and lease wait/hold; TensorBoard scalars on rank 0.
+
+    Step time is measured between consecutive batch ends, i.e. what a user waits per step,
+    including input and callback overhead. Lease numbers are this step's deltas of the
+    process's lease statistics (zero without a crossover group).
+    """
+
+    def __init__(self, strategy: "CrossoverStrategy", global_batch_size: int,
+                 logdir: str | None = None, log_every: int = 1):
+        super().__init__()
+        self.strategy = strategy
+        self.global_batch_size = global_batch_size
+        self.log_every = max(1, int(log_every))
+        self.records: list[dict[str, float]] = []
+        self._writer = (tf.summary.create_file_writer(logdir)
+                        if logdir and strategy.should_save_summary else None)
+        self._last_end: float | None = None
+        self._last_lease: dict[str, float] = {}
+        self._step = 0
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._last_end is None:
+            self._last_end = time.perf_counter()
+            self._last_lease = self.strategy.lease_stats()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        now = time.perf_counter()
+        lease = self.strategy.lease_stats()
+        step_time = now - self._last_end
+        record = {"step": self._step, "step_time_s": step_time,
+                  "images_per_s": self.global_batch_size / step_time,
+                  "lease_wait_s": lease.get("wait_s", 0.0) - self._last_lease.get("wait_s", 0.0),
+                  "lease_hold_s": lease.get("hold_s", 0.0) - self._last_lease.get("hold_s", 0.0)}
+        for key, value in (logs or {}).items():
+            if np.ndim(value) == 0:
+                record[key] = float(value)
+        self.records.append(record)
+        if self._writer is not None and self._step % self.log_every == 0:
+            with self._writer.as_default(step=self._step):
+                for key, value in record.items():
+                    if key != "step":
+                        tf.summary.scalar(key, value)
+        self._last_end, self._last_lease = now, lease
+        self._step += 1
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._writer is not None:
+            self._writer.flush()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import horovodrun_command, run_bounded
+from crossover_tf import timeline
 
 WORKER = str(pathlib.Path(__file__).with_name("strategy_worker.py"))
 STEPS = 30
@@ -21,15 +22,6 @@ def _load(tmp_path: pathlib.Path, prefix: str, ranks: int) -> list[dict]:
 
 def _check(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stdout[-6000:]
-
-
-def _compute_overlaps_peer_comm(mine: list, peer: list) -> int:
-    """Steps in which this job computed (held the lease for compute) while the peer was in its
-    allreduce (between releasing after compute and re-acquiring for apply)."""
-    compute = [(e[1], e[2]) for e in mine if e[3] == 1 and e[2]]
-    peer_events = [e for e in peer if e[2]]
-    comm = [(c[2], a[1]) for c, a in zip(peer_events, peer_events[1:]) if c[3] == 1 and a[3] == 2]
-    return sum(any(min(ce, me) > max(cs, ms) for ms, me in comm) for cs, ce in compute)
 
 
 @pytest.mark.multiprocess
@@ -75,9 +67,13 @@ def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group,
         assert a_stats["acquires"] == 2 * STEPS and b_stats["acquires"] == 2 * STEPS
         assert a_stats["handoffs"] + b_stats["handoffs"] > 0, (a_stats, b_stats)
         assert not a_stats["held"] and not b_stats["held"]
-    overlaps = sum(_compute_overlaps_peer_comm(crossed_a[r]["timeline"], crossed_b[r]["timeline"])
-                   + _compute_overlaps_peer_comm(crossed_b[r]["timeline"],
-                                                 crossed_a[r]["timeline"]) for r in range(2))
+    overlaps = 0
+    for rank in range(2):   # rank r of A and rank r of B share device cpu<r>
+        a_steps = timeline.step_phases(crossed_a[rank]["timeline"])
+        b_steps = timeline.step_phases(crossed_b[rank]["timeline"])
+        assert len(a_steps) == len(b_steps) == STEPS
+        overlaps += timeline.overlap_steps(a_steps, b_steps) + timeline.overlap_steps(b_steps,
+                                                                                      a_steps)
     assert overlaps > 0, "no step of one job computed during the other's allreduce"
 
     # evaluate/predict work after crossed training; only rank 0 saved the model.

@@ -16,7 +16,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-LIBRARY_PATH = pathlib.Path(__file__).with_name("_lease_ops.so")
+LIBRARY_NAME = "_lease_ops.so"
+# Where the library may be: $CROSSOVER_LEASE_OPS (explicit), beside this file (pip build,
+# ops/Makefile), or ops/ at the repository root (Bazel runfiles of //ops:_lease_ops.so).
+LIBRARY_CANDIDATES = (pathlib.Path(__file__).with_name(LIBRARY_NAME),
+                      pathlib.Path(__file__).resolve().parents[2] / "ops" / LIBRARY_NAME)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 # Tags recorded with each acquisition in the lease timeline.
@@ -31,11 +35,14 @@ _STATS_FIELDS = ("acquires", "handoffs", "contended", "recoveries", "wait_s", "h
 @functools.lru_cache(maxsize=None)
 def load_library() -> Any:
     """Loads _lease_ops.so once; raises a clear error if it was never built."""
-    if not LIBRARY_PATH.exists():
-        raise FileNotFoundError(
-            f"crossover_tf lease op library not found at {LIBRARY_PATH}; build it with "
-            "`make -C ops PYTHON=$(which python)` or run scripts/install.sh")
-    return tf.load_op_library(str(LIBRARY_PATH))
+    explicit = os.environ.get("CROSSOVER_LEASE_OPS")
+    candidates = (pathlib.Path(explicit),) if explicit else LIBRARY_CANDIDATES
+    for path in candidates:
+        if path.exists():
+            return tf.load_op_library(str(path))
+    raise FileNotFoundError(
+        f"crossover_tf lease op library not found (looked in {[str(c) for c in candidates]}); "
+        "build it with `make -C ops PYTHON=$(which python)` or run scripts/install.sh")
 
 
 def validate_name(kind: str, value: str, max_len: int) -> str:

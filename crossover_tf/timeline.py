@@ -1,0 +1,43 @@
+"""Per-step phases recovered from a lease timeline (CrossoverLeaseTimeline events).
+
+One crossover step leaves two lease events: the compute hold (tag 1) and the apply hold
+(tag 2). Between releasing the first and requesting the second, the job is in its allreduce;
+between requesting and getting the second, it waits for the peer. Everything here is plain
+numpy so the experiments and planner can use it on saved JSON.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from crossover_tf.ops.lease import TAG_APPLY, TAG_COMPUTE
+
+PHASE_COLUMNS = ("compute_start", "compute_end", "comm_end", "apply_start", "apply_end")
+
+
+def step_phases(events: np.ndarray | list) -> np.ndarray:
+    """[steps, 5] wall-clock ns: compute_start, compute_end (= comm start), comm_end (apply
+    requested), apply_start (apply acquired), apply_end. Only complete steps are returned."""
+    events = np.asarray(events, dtype=np.int64).reshape(-1, 4)
+    rows = []
+    for compute, apply in zip(events[:-1], events[1:]):
+        if compute[3] == TAG_COMPUTE and apply[3] == TAG_APPLY and compute[2] and apply[2]:
+            rows.append((compute[1], compute[2], apply[0], apply[1], apply[2]))
+    return np.asarray(rows, dtype=np.int64).reshape(-1, len(PHASE_COLUMNS))
+
+
+def phase_durations(phases: np.ndarray) -> dict[str, np.ndarray]:
+    """Seconds per step: compute (lease held for forward/backward), comm (allreduce), apply
+    (lease held for the update), wait_for_apply (queued behind the peer after comm)."""
+    p = phases.astype(np.float64) / 1e9
+    return {"compute_s": p[:, 1] - p[:, 0], "comm_s": p[:, 2] - p[:, 1],
+            "wait_s": p[:, 3] - p[:, 2], "apply_s": p[:, 4] - p[:, 3]}
+
+
+def overlap_steps(mine: np.ndarray, peer: np.ndarray) -> int:
+    """How many of my compute phases overlap one of the peer's communication phases: the
+    crossover effect itself (both arguments are step_phases arrays of the same host)."""
+    count = 0
+    for start, end in mine[:, 0:2]:
+        overlap = np.minimum(end, peer[:, 2]) - np.maximum(start, peer[:, 1])
+        count += bool(np.any(overlap > 0))
+    return count
