@@ -101,7 +101,7 @@ class StepStatistics(keras.callbacks.Callback):
         now = time.perf_counter()
         lease = self.strategy.lease_stats()
         step_time = now - self._last_end
-        record = {"step": self._step, "step_time_s": step_time,
+        record = {"step": self._step, "end_ns": time.time_ns(), "step_time_s": step_time,
                   "images_per_s": self.global_batch_size / step_time,
                   "lease_wait_s": lease.get("wait_s", 0.0) - self._last_lease.get("wait_s", 0.0),
                   "lease_hold_s": lease.get("hold_s", 0.0) - self._last_lease.get("hold_s", 0.0)}
@@ -112,7 +112,7 @@ class StepStatistics(keras.callbacks.Callback):
         if self._writer is not None and self._step % self.log_every == 0:
             with self._writer.as_default(step=self._step):
                 for key, value in record.items():
-                    if key != "step":
+                    if key not in ("step", "end_ns"):
                         tf.summary.scalar(key, value)
         self._last_end, self._last_lease = now, lease
         self._step += 1

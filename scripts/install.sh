@@ -40,7 +40,7 @@ TF_REQ=$(pin "$TF_NAME")
 HVD_REQ=$(pin horovod)
 log "dependencies: $TF_REQ, $HVD_REQ"
 # Everything except Horovod first: Horovod's build needs TensorFlow importable.
-"${PIP[@]}" install "$TF_REQ" $(pin tensorflow-datasets absl-py matplotlib networkx pytest) wheel setuptools
+"${PIP[@]}" install "$TF_REQ" $(pin tensorflow-datasets absl-py tensorboard matplotlib networkx pytest) wheel setuptools
 
 HVD_VERSION=${HVD_REQ#horovod==}
 TF_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("'"$TF_NAME"'"))')
@@ -98,6 +98,7 @@ import horovod.tensorflow as hvd
 import crossover_tf.ops.lease as lease
 assert hvd.gloo_built(), "Horovod built without Gloo"
 lease.load_library()
-print("horovod", hvd.__version__, "gloo", hvd.gloo_built(), "| lease ops loaded")
+import importlib.metadata as md
+print("horovod", md.version("horovod"), "gloo", hvd.gloo_built(), "| lease ops loaded")
 PY
 log "done in $(( $(date +%s) - start )) s"

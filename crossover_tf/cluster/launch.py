@@ -1,0 +1,200 @@
+"""Launches a Horovod-over-Gloo job, one rank per emulated host, and supervises it.
+
+Horovod's own machinery does the distributed part: its host parsing and slot assignment, its
+rendezvous server (bound to the cluster's bridge address), and its run/slot environment variables.
+Only process start-up is ours, because each rank must start inside its host's namespace, pinned to
+its CPUs, in its own session (so the whole process group can be killed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import subprocess
+import time
+from typing import Mapping, Sequence
+
+from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+
+from crossover_tf.cluster import exit_hooks
+from crossover_tf.cluster.netns import EmulatedCluster, Host
+from crossover_tf.cluster.rendezvous import BoundRendezvousServer
+
+POLL_INTERVAL_S = 0.1
+TERMINATE_GRACE_S = 5.0
+LOG_TAIL_LINES = 20
+
+
+@dataclasses.dataclass
+class Rank:
+    """One started rank process and where its output goes."""
+    rank: int
+    host: Host
+    process: subprocess.Popen
+    log_path: pathlib.Path
+    terminated: bool = False  # ended by the launcher (failure of another rank, or timeout)
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+
+@dataclasses.dataclass
+class JobHandle:
+    """A running job: its ranks, its rendezvous server and its deadline."""
+    name: str
+    ranks: list[Rank]
+    rendezvous: BoundRendezvousServer
+    started_at: float
+    deadline: float
+    failed_rank: int | None = None
+    timed_out: bool = False
+    finished_at: float | None = None
+    _hook: int | None = None
+
+    def done(self) -> bool:
+        return all(r.exit_code is not None for r in self.ranks)
+
+    def terminate(self) -> None:
+        """Ends every still-running rank (SIGTERM, then SIGKILL after a grace period)."""
+        terminate_ranks([r for r in self.ranks if r.exit_code is None])
+        self.close()
+
+    def close(self) -> None:
+        """Stops the rendezvous server and reaps leftover children of finished ranks; idempotent."""
+        for r in self.ranks:
+            _signal_group(r.process.pid, signal.SIGKILL)
+        if self._hook is not None:
+            exit_hooks.unregister(self._hook)
+            self._hook = None
+            self.rendezvous.stop()
+        if self.finished_at is None:
+            self.finished_at = time.monotonic()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def terminate_ranks(ranks: Sequence[Rank], grace_s: float = TERMINATE_GRACE_S) -> None:
+    """SIGTERMs the process groups of `ranks`, SIGKILLs those still alive after `grace_s`."""
+    for r in ranks:
+        r.terminated = True
+        _signal_group(r.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(r.exit_code is None for r in ranks):
+        time.sleep(POLL_INTERVAL_S)
+    for r in ranks:
+        _signal_group(r.process.pid, signal.SIGKILL)
+        try:
+            r.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:  # unkillable (D state): report it running, do not hang
+            pass
+
+
+def rank_env(cluster: EmulatedCluster, host: Host, slot_info, rendezvous_port: int,
+             extra_env: Mapping[str, str]) -> dict[str, str]:
+    """Environment of one rank: caller's env, Horovod's Gloo run + slot vars, the host's identity."""
+    env = dict(os.environ)
+    env.update(extra_env)
+    env.update(create_run_env_vars(cluster.rendezvous_address, [host.iface], rendezvous_port))
+    env.update(create_slot_env_vars(slot_info))
+    env.update({"CROSSOVER_DEVICE_KEY": host.name, "CROSSOVER_HOST_INDEX": str(host.index),
+                "PYTHONUNBUFFERED": "1"})
+    return {k: str(v) for k, v in env.items()}
+
+
+def launch_job(cluster: EmulatedCluster, command: Sequence[str], *, job_name: str,
+               env: Mapping[str, str] | None = None, log_dir: str | os.PathLike,
+               timeout_s: float) -> JobHandle:
+    """Starts `command` once per host as one Horovod world; logs go to <log_dir>/<job>/rank<k>.log."""
+    if not cluster.hosts:
+        raise RuntimeError("launch_job needs a started cluster (use `with EmulatedCluster(...)`)")
+    hosts_by_name = {h.name: h for h in cluster.hosts}
+    plan = get_host_assignments(parse_hosts(",".join(f"{h.name}:1" for h in cluster.hosts)),
+                                len(cluster.hosts))
+    rendezvous = BoundRendezvousServer(cluster.rendezvous_address)
+    port = rendezvous.start()
+    rendezvous.init(plan)
+    job_dir = pathlib.Path(log_dir) / job_name
+    job_dir.mkdir(parents=True, exist_ok=True)
+    now = time.monotonic()
+    handle = JobHandle(job_name, [], rendezvous, now, now + timeout_s)
+    handle._hook = exit_hooks.register(handle.terminate)
+    try:
+        for slot in plan:
+            host = hosts_by_name[slot.hostname]
+            argv = cluster.exec_prefix(host) + list(command)
+            log_path = job_dir / f"rank{slot.rank}.log"
+            with open(log_path, "w") as log:
+                log.write(f"# {job_name} rank {slot.rank} on {host.name} ({host.address}, "
+                          f"cpus {host.cpus}): {' '.join(argv)}\n")
+                log.flush()
+                process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=rank_env(cluster, host, slot, port, env or {}), start_new_session=True)
+            handle.ranks.append(Rank(slot.rank, host, process, log_path))
+    except BaseException:
+        handle.terminate()
+        raise
+    return handle
+
+
+def _log_tail(path: pathlib.Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"<log unreadable: {exc}>"
+
+
+def _supervise_once(handle: JobHandle, now: float) -> None:
+    """One monitoring step: a failed rank or a passed deadline ends the job's other ranks."""
+    if handle.finished_at is not None:
+        return
+    if handle.failed_rank is None:
+        failed = [r for r in handle.ranks if r.exit_code not in (None, 0)]
+        if failed:
+            handle.failed_rank = failed[0].rank
+            handle.terminate()
+            return
+    if now >= handle.deadline:
+        handle.timed_out = True
+        handle.terminate()
+    elif handle.done():
+        handle.close()
+
+
+def job_result(handle: JobHandle) -> dict:
+    """JSON-able outcome of a finished job: exit codes, wall time, failed rank, log paths."""
+    result = {
+        "ok": not handle.timed_out and all(r.exit_code == 0 for r in handle.ranks),
+        "exit_codes": [r.exit_code for r in handle.ranks],
+        "timed_out": handle.timed_out,
+        "wall_s": round((handle.finished_at or time.monotonic()) - handle.started_at, 3),
+        "logs": [str(r.log_path) for r in handle.ranks],
+        "terminated_ranks": [r.rank for r in handle.ranks if r.terminated],
+        "failed_rank": handle.failed_rank, "failed_exit_code": None, "failed_log_tail": "",
+    }
+    if handle.failed_rank is not None:
+        failed = handle.ranks[handle.failed_rank]
+        result["failed_exit_code"] = failed.exit_code
+        result["failed_log_tail"] = _log_tail(failed.log_path)
+    return result
+
+
+def wait_jobs(handles: Sequence[JobHandle], timeout_s: float | None = None) -> dict[str, dict]:
+    """Waits for all jobs (each also bounded by its own timeout); returns {job name: result}."""
+    overall = time.monotonic() + timeout_s if timeout_s is not None else float("inf")
+    for h in handles:
+        h.deadline = min(h.deadline, overall)
+    while any(h.finished_at is None for h in handles):
+        now = time.monotonic()
+        for h in handles:
+            _supervise_once(h, now)
+        time.sleep(POLL_INTERVAL_S)
+    return {h.name: job_result(h) for h in handles}

@@ -1,0 +1,1 @@
+"""Experiment drivers and their input pipelines."""

@@ -1,0 +1,198 @@
+"""Side-by-side comparison on one emulated cluster: solo, sequential, naive, crossover.
+
+  python -m experiments.compare                      # README's main job
+  python -m experiments.compare --bandwidth_mbit=100 --model=resnet20 --dataset=synthetic:cifar10
+
+Two identical-shaped jobs A and B (one rank per emulated host each) are run with the same
+model, data and settings as:
+  sequential  A, then B (each alone: these runs are also the solo profiles, measured with a
+              lease that nobody contends, which records each step's compute C and allreduce M)
+  naive       A and B at the same time, no lease (device and link simply shared)
+  crossover   A and B at the same time, sharing a device lease per host
+The table, JSON, markdown and PNG land in --out_dir; TensorBoard runs of every scenario land
+under <out_dir>/tensorboard, so `tensorboard --logdir <out_dir>/tensorboard` compares them.
+
+Defaults (ResNet-20 on synthetic CIFAR-10, global batch 128, 2 hosts at 35 Mbit/s) were chosen
+so that on a 2-core machine (one core per emulated host) compute C and allreduce M per step are
+of the same order (about 0.27 s each): the regime where crossing pays. ResNet-20's 1.1 MB of
+gradients also dwarf tc's token-bucket burst, so M reflects the configured rate; see README.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shlex
+import sys
+import uuid
+from typing import Any, Mapping
+
+from absl import app, flags, logging
+
+from experiments import config as config_lib
+from experiments import report, throughput
+
+FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", "learning_rate",
+              "jit_compile", "bandwidth_mbit", "latency_ms", "num_hosts", "out_dir",
+              "timeout_s", "force_localhost", "scenarios"]
+SCENARIOS = ("sequential", "naive", "crossover")
+
+
+def define_flags() -> None:
+    """Flags of the comparison; training flags mirror experiments/train.py's."""
+    if "scenarios" in flags.FLAGS:
+        return
+    from experiments import train
+    train.define_flags()  # model, dataset, global_batch_size, steps, ... shared with train.py
+    flags.FLAGS.set_default("model", "resnet20")
+    flags.FLAGS.set_default("dataset", "synthetic:cifar10")
+    flags.FLAGS.set_default("global_batch_size", 128)
+    flags.FLAGS.set_default("steps", 40)
+    flags.FLAGS.set_default("warmup_steps", 10)
+    flags.DEFINE_float("bandwidth_mbit", 35.0, "Per-host link rate (tc tbf), Mbit/s.")
+    flags.DEFINE_float("latency_ms", 0.0, "Added link delay (needs sch_netem in the kernel).")
+    flags.DEFINE_integer("num_hosts", 2, "Emulated hosts; each job has one rank per host.")
+    flags.DEFINE_string("out_dir", "runs/compare", "Where results and TensorBoard logs go.")
+    flags.DEFINE_float("timeout_s", 900.0, "Hard limit per scenario, seconds.")
+    flags.DEFINE_bool("force_localhost", False, "Skip namespaces (no bandwidth limit).")
+    flags.DEFINE_list("scenarios", list(SCENARIOS), "Scenarios to run (sequential is needed: "
+                      "it provides the solo profiles).")
+
+
+def validate(c: Any) -> None:
+    from experiments import train
+    train.validate(_train_namespace(c))
+    config_lib.require(c.bandwidth_mbit is None or c.bandwidth_mbit > 0,
+                       "bandwidth_mbit must be positive")
+    config_lib.require(c.num_hosts >= 2, "num_hosts must be >= 2: one host has no network")
+    config_lib.require(c.global_batch_size % c.num_hosts == 0,
+                       "global_batch_size must be divisible by num_hosts")
+    config_lib.require(c.steps - c.warmup_steps >= 10, "need at least 10 timed steps")
+    unknown = sorted(set(c.scenarios) - set(SCENARIOS))
+    config_lib.require(not unknown, f"unknown scenarios {unknown}; choose from {SCENARIOS}")
+    config_lib.require("sequential" in c.scenarios,
+                       "the sequential scenario is required (it gives the solo profiles)")
+
+
+def _train_namespace(c: Any) -> Any:
+    """The train.py settings implied by a comparison config (for validation)."""
+    import types
+    return types.SimpleNamespace(model=c.model, dataset=c.dataset,
+                                 global_batch_size=c.global_batch_size, steps=c.steps, epochs=1, warmup_steps=c.warmup_steps,
+                                 learning_rate=c.learning_rate, lease_timeout_s=300.0,
+                                 threads=0, job="A")
+
+
+def _train_command(c: Any, job: str, group: str, tensorboard_dir: pathlib.Path) -> list[str]:
+    return [sys.executable, "-m", "experiments.train", f"--job={job}", f"--group={group}",
+            f"--model={c.model}", f"--dataset={c.dataset}",
+            f"--global_batch_size={c.global_batch_size}", f"--steps={c.steps}",
+            f"--warmup_steps={c.warmup_steps}", f"--learning_rate={c.learning_rate}",
+            f"--jit_compile={c.jit_compile}", f"--model_dir={tensorboard_dir}",
+            "--lease_timeout_s=300", "--seed=0"]
+
+
+def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[str, dict]:
+    """Runs both jobs of one scenario; returns their rank-0 stats.json contents."""
+    from experiments import launch_pair
+    group = {"naive": ""}.get(name, f"xo{uuid.uuid4().hex[:8]}")
+    tensorboard_dir = out / "tensorboard" / name
+    jobs = {job: _train_command(c, job, group, tensorboard_dir) for job in ("A", "B")}
+    logging.info("scenario %s: %s", name, " ".join(map(shlex.quote, jobs["A"])))
+    results = launch_pair.run_jobs(cluster, jobs,
+                                   mode="sequential" if name == "sequential" else "concurrent",
+                                   log_dir=str(out / "logs" / name), timeout_s=c.timeout_s)
+    if group:
+        from crossover_tf.cluster import remove_lease_segments
+        remove_lease_segments([group])
+    for job, result in results.items():
+        if not result["ok"]:
+            raise RuntimeError(
+                f"scenario {name}: job {job} failed (rank {result['failed_rank']}, exit "
+                f"{result['failed_exit_code']}, timed out {result['timed_out']}); log tail:\n"
+                f"{result['failed_log_tail']}")
+    return {job: json.loads((tensorboard_dir / job / "stats.json").read_text())
+            for job in jobs}
+
+
+def summarise(stats: Mapping[str, Mapping[str, Mapping[str, Any]]], warmup_steps: int,
+              settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Scenario table, ratios and the ideal ratio from the raw per-job stats."""
+    seq = {job: throughput.job_summary(s) for job, s in stats["sequential"].items()}
+    scenarios: dict[str, Any] = {
+        f"solo_{job}": {"jobs": {job: summary}, "aggregate_images_per_s": summary["images_per_s"],
+                        "per_job_in_aggregate": {job: summary["images_per_s"]}}
+        for job, summary in seq.items()}
+    scenarios["sequential"] = {"jobs": seq,
+                               "aggregate_images_per_s": throughput.sequential_aggregate(seq)}
+    total_images = sum(j["timed_images"] for j in seq.values())
+    scenarios["sequential"]["per_job_in_aggregate"] = {
+        job: scenarios["sequential"]["aggregate_images_per_s"] * j["timed_images"] / total_images
+        for job, j in seq.items()}
+    for name in ("naive", "crossover"):
+        if name in stats:
+            aggregate, per_job, window = throughput.concurrent_aggregate(stats[name], warmup_steps)
+            scenarios[name] = {"jobs": {j: throughput.job_summary(s)
+                                        for j, s in stats[name].items()},
+                               "aggregate_images_per_s": aggregate,
+                               "per_job_in_aggregate": per_job, "window_s": window}
+    agg = {n: s["aggregate_images_per_s"] for n, s in scenarios.items()}
+    ideal = throughput.ideal_crossover_ratio(seq["A"], seq["B"])
+    ratios = {"crossover_over_sequential": agg.get("crossover", float("nan")) / agg["sequential"],
+              "crossover_over_naive": (agg.get("crossover", float("nan"))
+                                       / agg.get("naive", float("nan"))),
+              "naive_over_sequential": agg.get("naive", float("nan")) / agg["sequential"],
+              "ideal_crossover_over_sequential": ideal}
+    ratios["measured_over_ideal"] = ratios["crossover_over_sequential"] / ideal
+    return {"settings": dict(settings), "scenarios": scenarios, "ratios": ratios}
+
+
+def run(flag_values: flags.FlagValues = flags.FLAGS,
+        overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Runs the scenarios on one cluster; writes compare.{json,md,png}; returns the result."""
+    define_flags()
+    c = config_lib.resolve(flag_values, FLAG_NAMES, overrides, validate, "compare")
+    from crossover_tf.cluster import EmulatedCluster
+    out = pathlib.Path(c.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stats: dict[str, dict] = {}
+    with EmulatedCluster(num_hosts=c.num_hosts, bandwidth_mbit=c.bandwidth_mbit,
+                         latency_ms=c.latency_ms, force_localhost=c.force_localhost) as cluster:
+        cluster_info = cluster.describe()
+        for name in SCENARIOS:
+            if name in c.scenarios:
+                stats[name] = _run_scenario(cluster, c, name, out)
+    settings = {**vars(c), "cluster": cluster_info}
+    result = summarise(stats, c.warmup_steps, settings)
+    _attach_planner_validation(result)
+    (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
+    table = report.markdown(result)
+    (out / "compare.md").write_text(table)
+    if "crossover" in stats:
+        import numpy as np
+        phases = {job: np.asarray(s["phases_ns"]) for job, s in stats["crossover"].items()}
+        report.plot(result, phases, str(out / "compare.png"))
+    print(table)
+    print(f"results: {out / 'compare.json'}, {out / 'compare.md'}, {out / 'compare.png'}; "
+          f"tensorboard --logdir {out / 'tensorboard'}")
+    return result
+
+
+def _attach_planner_validation(result: dict[str, Any]) -> None:
+    """The planner's predictions for this pair, from the solo profiles only, with % errors."""
+    if not {"naive", "crossover"} <= set(result["scenarios"]):
+        return
+    from crossover_tf.planner import validate as planner_validate
+    try:
+        result["planner"] = planner_validate.validate_comparison(result)
+    except ValueError as err:  # e.g. a scenario the planner cannot model
+        logging.warning("planner validation skipped: %s", err)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    run()
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,43 @@
+"""Turns absl flags plus programmatic overrides into one validated, plain config object.
+
+Every experiment script exposes `run(flags, overrides)`: tests and compare.py call it without a
+command line, so values must be validated here too, not only by absl's flag validators.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Callable, Mapping
+
+from absl import flags as absl_flags
+
+Validator = Callable[[types.SimpleNamespace], None]
+
+
+def ensure_parsed(flag_values: absl_flags.FlagValues, program: str) -> None:
+    """Parses an empty command line if nobody did (library use, tests), so defaults apply."""
+    if not flag_values.is_parsed():
+        flag_values([program])
+
+
+def resolve(flag_values: absl_flags.FlagValues, names: list[str],
+            overrides: Mapping[str, Any] | None, validate: Validator,
+            program: str) -> types.SimpleNamespace:
+    """Values of the named flags with overrides applied, then validated.
+
+    Unknown override keys are an error: a typo must not silently run the default experiment.
+    """
+    ensure_parsed(flag_values, program)
+    config = {name: flag_values[name].value for name in names}
+    unknown = sorted(set(overrides or {}) - set(names))
+    if unknown:
+        raise ValueError(f"{program}: unknown setting(s) {unknown}; known: {sorted(names)}")
+    config.update(overrides or {})
+    namespace = types.SimpleNamespace(**config)
+    validate(namespace)
+    return namespace
+
+
+def require(condition: bool, message: str) -> None:
+    """Raises ValueError(message) unless condition holds: flag errors read as sentences."""
+    if not condition:
+        raise ValueError(message)

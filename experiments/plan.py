@@ -1,0 +1,145 @@
+"""Planner front end: should these jobs be paired, how, and what does it give at scale?
+
+Modes (``--mode``):
+
+* ``recommend``: two ``--profiles`` -> predicted throughput per policy and a
+  recommendation (cross, shift, do not pair);
+* ``pair``: N ``--profiles`` -> which jobs to pair (maximum-weight matching);
+* ``simulate``: ``--profiles`` (or ``--n_jobs`` synthetic ones) on ``--n_hosts``
+  hosts -> simulated vs analytical cluster throughput per policy;
+* ``sweep``: grid of C/M and period ratios -> where shift vs crossover helps
+  (JSON, markdown table, PNG heat map);
+* ``validate``: a ``--comparison`` JSON from experiments/compare.py -> predicted
+  vs measured ratios with % errors.
+
+Everything lands in ``--out_dir`` as ``<mode>.json`` and ``<mode>.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from absl import app, flags
+
+from crossover_tf.planner import analytical, cluster, pairing, profile, sweep, validate
+
+MODES = ("recommend", "pair", "simulate", "sweep", "validate")
+
+
+def define_flags() -> None:
+    """Defines this script's flags; a flag another script already defined is kept."""
+    definitions = [
+        (flags.DEFINE_enum, "mode", "sweep", {"enum_values": list(MODES)}, "What to plan."),
+        (flags.DEFINE_list, "profiles", [], {}, "Job profile JSON files."),
+        (flags.DEFINE_string, "comparison", None, {}, "compare.py JSON (validate mode)."),
+        (flags.DEFINE_string, "out_dir", "runs/plan", {}, "Where results are written."),
+        (flags.DEFINE_float, "min_gain", 0.05, {}, "Least gain over sequential worth pairing."),
+        (flags.DEFINE_float, "device_efficiency", 1.0, {},
+         "Device throughput when two jobs share it without a lease (1 = perfect sharing)."),
+        (flags.DEFINE_integer, "n_hosts", 64, {}, "Hosts in the simulated cluster."),
+        (flags.DEFINE_integer, "n_jobs", 32, {}, "Synthetic jobs when no --profiles."),
+        (flags.DEFINE_integer, "sim_steps", 100, {}, "Steps each simulated job runs."),
+        (flags.DEFINE_integer, "seed", 0, {}, "Seed of synthetic jobs and simulator draws."),
+        (flags.DEFINE_list, "cm_ratios", [f"{r:.4g}" for r in sweep.DEFAULT_CM_RATIOS], {},
+         "Sweep: compute/comm ratios."),
+        (flags.DEFINE_list, "period_ratios", [f"{p:.4g}" for p in sweep.DEFAULT_PERIOD_RATIOS],
+         {}, "Sweep: period ratios T_B/T_A."),
+        (flags.DEFINE_float, "threshold", 0.05, {}, "Sweep: gain over naive that counts as help."),
+        (flags.DEFINE_float, "handoff_s", 2e-4, {}, "Sweep: lease hand-off cost (s)."),
+    ]
+    for define, name, default, extra, help_text in definitions:
+        if name not in flags.FLAGS:
+            define(name=name, default=default, help=help_text, **extra)
+
+
+def _settings(flag_values: Any, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    names = ("mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
+             "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
+             "threshold", "handoff_s")
+    settings = {name: getattr(flag_values, name) for name in names}
+    unknown = set(overrides or {}) - set(names)
+    if unknown:
+        raise ValueError(f"unknown override(s): {', '.join(sorted(unknown))}")
+    settings.update(overrides or {})
+    if settings["mode"] not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {settings['mode']!r}")
+    return settings
+
+
+def _profiles(settings: Mapping[str, Any], at_least: int) -> list[profile.JobProfile]:
+    paths = list(settings["profiles"])
+    if len(paths) < at_least:
+        raise ValueError(f"mode {settings['mode']!r} needs at least {at_least} --profiles, "
+                         f"got {len(paths)}")
+    return profile.load_profiles(paths)
+
+
+def _recommend(s: Mapping[str, Any]) -> tuple[dict, str]:
+    profiles = _profiles(s, 2)
+    if len(profiles) != 2:
+        raise ValueError("recommend takes exactly two --profiles (use --mode=pair for more)")
+    prediction = analytical.predict_pair(*profiles, min_gain=s["min_gain"],
+                                         device_efficiency=s["device_efficiency"])
+    rows = "\n".join(f"| {p} | {v:.3f} | {prediction.images_per_s[p]:.1f} |"
+                     for p, v in prediction.normalised.items())
+    text = (f"**{prediction.recommendation}** for {prediction.job_a} + {prediction.job_b}: "
+            f"{prediction.reason}.\n\n| policy | solo-job equivalents | images/s |\n"
+            f"|---|---|---|\n{rows}")
+    return prediction.to_dict(), text
+
+
+def _pair(s: Mapping[str, Any]) -> tuple[dict, str]:
+    plan = pairing.plan_pairs(_profiles(s, 1), min_gain=s["min_gain"],
+                              device_efficiency=s["device_efficiency"])
+    return plan.to_dict(), plan.to_markdown()
+
+
+def _simulate(s: Mapping[str, Any]) -> tuple[dict, str]:
+    jobs = (profile.load_profiles(s["profiles"]) if s["profiles"]
+            else cluster.synthetic_profiles(s["n_jobs"], seed=s["seed"]))
+    report = cluster.run_cluster(jobs, s["n_hosts"], steps=s["sim_steps"], seed=s["seed"])
+    return report, cluster.to_markdown(report)
+
+
+def _sweep(s: Mapping[str, Any]) -> tuple[dict, str]:
+    result = sweep.run_sweep([float(r) for r in s["cm_ratios"]],
+                             [float(p) for p in s["period_ratios"]],
+                             handoff_s=s["handoff_s"], threshold=s["threshold"])
+    png = sweep.save_heatmap(result, os.path.join(s["out_dir"], "sweep.png"))
+    return {**result.to_dict(), "heatmap": png}, result.to_markdown()
+
+
+def _validate(s: Mapping[str, Any]) -> tuple[dict, str]:
+    if not s["comparison"]:
+        raise ValueError("validate mode needs --comparison=<compare.py JSON>")
+    report = validate.validate_comparison(s["comparison"], seed=s["seed"])
+    return report, validate.to_markdown(report)
+
+
+_HANDLERS = {"recommend": _recommend, "pair": _pair, "simulate": _simulate,
+             "sweep": _sweep, "validate": _validate}
+
+
+def run(flag_values: Any = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Runs one mode; ``overrides`` replace flag values (for tests and callers)."""
+    s = _settings(flag_values if flag_values is not None else flags.FLAGS, overrides)
+    os.makedirs(s["out_dir"], exist_ok=True)
+    result, text = _HANDLERS[s["mode"]](s)
+    paths = {ext: os.path.join(s["out_dir"], f"{s['mode']}.{ext}") for ext in ("json", "md")}
+    with open(paths["json"], "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=2)
+    with open(paths["md"], "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    return {"mode": s["mode"], "result": result, "markdown": text, "paths": paths}
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    print(run(flags.FLAGS)["markdown"])
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,102 @@
+"""experiments/: flag validation, throughput arithmetic, and an end-to-end comparison run."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from experiments import compare, throughput, train
+
+
+@pytest.fixture(autouse=True)
+def _flags():
+    compare.define_flags()   # also defines train.py's flags
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model": "resnet1000"}, "unknown model 'resnet1000'; choose one of: mlp"),
+    ({"steps": -3}, "steps must be positive, got -3"),
+    ({"global_batch_size": 0}, "global_batch_size must be positive"),
+    ({"dataset": "imagenet3000"}, "imagenet3000"),
+    ({"warmup_steps": 50, "steps": 50}, "warmup_steps must be in"),
+    ({"stepz": 3}, "unknown setting(s) ['stepz']"),
+])
+def test_train_rejects_bad_settings_clearly(overrides, message):
+    with pytest.raises(ValueError) as err:
+        train.run(overrides=overrides)
+    assert message in str(err.value)
+
+
+def test_real_dataset_without_data_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="data_dir"):
+        train.run(overrides={"dataset": "mnist", "model_dir": str(tmp_path)})
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        train.run(overrides={"dataset": "mnist", "data_dir": str(tmp_path),
+                             "model_dir": str(tmp_path)})
+
+
+def test_compare_rejects_bad_settings_clearly():
+    with pytest.raises(ValueError, match="sequential scenario is required"):
+        compare.run(overrides={"scenarios": ["crossover"]})
+    with pytest.raises(ValueError, match="unknown scenarios"):
+        compare.run(overrides={"scenarios": ["sequential", "chaos"]})
+    with pytest.raises(ValueError, match="num_hosts must be >= 2"):
+        compare.run(overrides={"num_hosts": 1})
+
+
+def _fake_stats(ends_ms: list[float], batch: int = 10) -> dict:
+    return {"step_end_ns": [int(t * 1e6) for t in ends_ms], "global_batch_size": batch}
+
+
+def test_concurrent_aggregate_counts_only_the_common_window():
+    # A steps every 10 ms from 0..200; B every 20 ms from 50..250; warm-up = first step.
+    a = _fake_stats(list(np.arange(0, 201, 10.0)))
+    b = _fake_stats(list(np.arange(50, 251, 20.0)))
+    aggregate, per_job, window = throughput.concurrent_aggregate({"A": a, "B": b}, 1)
+    assert window == pytest.approx(0.130)           # from B's first timed step (70) to A's end
+    assert per_job["A"] == pytest.approx(13 * 10 / 0.130)    # A steps 80..200
+    assert per_job["B"] == pytest.approx(6 * 10 / 0.130)     # B steps 90..190
+    assert aggregate == pytest.approx(per_job["A"] + per_job["B"])
+    with pytest.raises(ValueError, match="did not run concurrently"):
+        throughput.concurrent_aggregate({"A": _fake_stats([0, 1, 2]),
+                                         "B": _fake_stats([5, 6, 7])}, 1)
+
+
+def test_ideal_ratio_matches_hand_computed_cases():
+    equal = {"compute_s": 0.05, "comm_s": 0.05}
+    assert throughput.ideal_crossover_ratio(equal, equal) == pytest.approx(2.0)
+    no_comm = {"compute_s": 0.05, "comm_s": 0.0}
+    assert throughput.ideal_crossover_ratio(no_comm, no_comm) == pytest.approx(1.0)
+    a, b = {"compute_s": 0.03, "comm_s": 0.05}, {"compute_s": 0.05, "comm_s": 0.02}
+    assert throughput.ideal_crossover_ratio(a, b) == pytest.approx(0.15 / (0.05 + 0.05))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
+    result = compare.run(overrides={
+        "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32, "steps": 16,
+        "warmup_steps": 4, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path),
+        "timeout_s": 300.0})
+    for name in ("compare.json", "compare.md", "compare.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert set(saved["scenarios"]) == {"solo_A", "solo_B", "sequential", "naive", "crossover"}
+    for scenario in saved["scenarios"].values():
+        assert math.isfinite(scenario["aggregate_images_per_s"])
+        assert scenario["aggregate_images_per_s"] > 0
+    for value in saved["ratios"].values():
+        assert math.isfinite(value) and value > 0
+    for job in ("A", "B"):
+        solo = saved["scenarios"][f"solo_{job}"]["jobs"][job]
+        assert solo["compute_s"] > 0 and solo["comm_s"] > 0
+        crossed = saved["scenarios"]["crossover"]["jobs"][job]
+        assert crossed["images_per_s"] > 0
+    assert "crossover / sequential" in (tmp_path / "compare.md").read_text()
+    assert "planner" in saved and saved["planner"]["prediction"]
+    runs = {p.parent.parent.name + "/" + p.parent.name
+            for p in (tmp_path / "tensorboard").glob("*/*/events.out.tfevents.*")}
+    assert runs == {f"{s}/{j}" for s in ("sequential", "naive", "crossover") for j in "AB"}
+    assert result["ratios"] == saved["ratios"]

@@ -1,0 +1,79 @@
+"""Analytical pair model against hand-computed cases."""
+
+import numpy as np
+import pytest
+
+from crossover_tf.planner import analytical, fluid
+from crossover_tf.planner.profile import JobProfile
+
+
+def job(name, compute, comm, **kw):
+    return JobProfile(name=name, compute_s=compute, comm_s=comm, **kw)
+
+
+def test_equal_compute_and_comm_crossover_is_twice_sequential():
+    p = analytical.predict_pair(job("A", 0.05, 0.05), job("B", 0.05, 0.05))
+    assert p.normalised["sequential"] == pytest.approx(1.0)
+    assert p.normalised["crossover"] == pytest.approx(2.0, rel=1e-3)
+    assert p.normalised["crossover_alternating"] == pytest.approx(2.0)
+    assert p.normalised["naive"] < 1.9  # a random phase wastes part of the overlap
+    assert p.recommendation == "cross" and p.expected_gain == pytest.approx(2.0, rel=1e-3)
+
+
+def test_no_communication_means_no_gain():
+    p = analytical.predict_pair(job("A", 0.05, 0.0), job("B", 0.03, 0.0))
+    for policy in analytical.PREDICTED:
+        assert p.normalised[policy] == pytest.approx(1.0, rel=1e-3)
+    assert p.recommendation == "do not pair"
+
+
+def test_coprime_periods_shift_gains_little_but_harmonic_periods_do():
+    a = job("A", 0.05, 0.05)
+    coprime = analytical.predict_pair(a, job("B", 0.07, 0.07))  # periods 10:14 = 5:7
+    harmonic = analytical.predict_pair(a, job("B", 0.15, 0.05))  # periods 1:2
+    assert coprime.normalised["shift"] / coprime.normalised["naive"] < 1.05
+    assert coprime.hyperperiod_s == pytest.approx(0.7)
+    assert harmonic.normalised["shift"] / harmonic.normalised["naive"] > 1.10
+    assert coprime.normalised["crossover"] > coprime.normalised["shift"] * 1.05
+
+
+def test_crossover_round_matches_the_per_round_formula():
+    a = job("A", 0.05, 0.02, handoff_s=0.001)
+    b = job("B", 0.03, 0.09, handoff_s=0.001)
+    times = analytical.PairTimes.from_profiles([(a, b)])
+    expected = max(0.05 + 0.001, 0.09) + max(0.03 + 0.001, 0.02)
+    assert analytical.crossover_round_s(times)[0] == pytest.approx(expected)
+
+
+def test_variance_lengthens_the_crossed_round():
+    a = job("A", 0.05, 0.05, compute_std_s=0.01, comm_std_s=0.01)
+    times = analytical.PairTimes.from_profiles([(a, job("B", 0.05, 0.05))])
+    assert analytical.crossover_round_s(times, samples=4000)[0] > 0.1 * 1.01
+
+
+def test_handoff_cost_is_paid_twice_per_round_under_the_lease():
+    work = np.array([[[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]])
+    rates = fluid.colocated_steps_per_s(work, np.array([0.3]), leased=True,
+                                        handoff_s=np.array([[0.1, 0.1]]))
+    assert rates[0] == pytest.approx([1 / 2.2, 1 / 2.2])
+
+
+def test_free_sharing_keeps_the_start_offset():
+    work = np.array([[[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]] * 2)
+    rates = fluid.colocated_steps_per_s(work, np.array([0.0, 1.0]))
+    assert rates[0] == pytest.approx([0.25, 0.25])  # in phase: both always contend
+    assert rates[1] == pytest.approx([0.5, 0.5])    # out of phase: no contention
+
+
+def test_recommend_threshold_and_bad_inputs():
+    choice, reason = analytical.recommend(
+        {"sequential": 1.0, "naive": 1.0, "shift": 1.2, "crossover": 1.1})
+    assert choice == "shift" and "+20.0%" in reason
+    assert analytical.recommend({"sequential": 1.0, "naive": 1.0, "shift": 1.03,
+                                 "crossover": 1.04})[0] == "do not pair"
+    with pytest.raises(ValueError, match="itself"):
+        analytical.predict_pair(job("A", 0.05, 0.05), job("A", 0.05, 0.05))
+    with pytest.raises(ValueError, match="at least one pair"):
+        analytical.predict_pairs([])
+    with pytest.raises(ValueError, match="shape"):
+        fluid.colocated_steps_per_s(np.ones((2, 3)), np.zeros(2))

@@ -1,0 +1,45 @@
+"""Sweep: shift helps at harmonic period ratios only; crossover also elsewhere."""
+
+import pytest
+
+from crossover_tf.planner import sweep
+
+CM = (0.5, 1.0, 2.0)
+PERIODS = (1.0, 1.5, 2.0)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return sweep.run_sweep(CM, PERIODS)
+
+
+def test_shift_and_crossover_where_expected(result):
+    shift, cross = result.helps("shift"), result.helps("crossover")
+    assert shift.shape == (3, 3, 3)
+    assert shift[1, 1, 0] and cross[1, 1, 0]          # equal jobs, equal periods
+    assert not shift[1, 1, 1] and cross[1, 1, 1]      # periods 2:3: only crossing helps
+    assert not shift[:, :, 1].any()
+
+
+def test_headline_fractions_are_consistent(result):
+    h = result.headline()
+    shift, cross = result.helps("shift"), result.helps("crossover")
+    assert h["pairs"] == 27
+    assert h["shift_helps_vs_naive"] == pytest.approx(shift.mean())
+    assert h["neither_helps"] == pytest.approx((~shift & ~cross).mean())
+    assert h["crossover_helps_vs_naive"] > h["shift_helps_vs_naive"]
+
+
+def test_outputs_table_and_png(result, tmp_path):
+    table = result.to_markdown()
+    assert table.count("\n| ") == len(PERIODS) + 1 and "shift helps" in table
+    png = tmp_path / "sweep.png"
+    sweep.save_heatmap(result, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_grid():
+    with pytest.raises(ValueError, match="cm_ratios"):
+        sweep.run_sweep((), PERIODS)
+    with pytest.raises(ValueError, match="> 0"):
+        sweep.run_sweep((-1.0,), PERIODS)

@@ -1,0 +1,59 @@
+"""Validation against a hand-made comparison JSON (the schema compare.py writes)."""
+
+import json
+
+import pytest
+
+from crossover_tf.planner import validate
+
+
+def job(images_per_s, step, compute, comm):
+    return {"images_per_s": images_per_s, "step_s": step, "compute_s": compute, "comm_s": comm}
+
+
+def scenario(jobs):
+    return {"jobs": jobs, "aggregate_images_per_s": sum(j["images_per_s"] for j in jobs.values())}
+
+
+def comparison(normalised_by_scenario):
+    """Job A: 64 images per 0.1 s step; job B: 64 per 0.15 s; each pair scenario
+    runs both jobs at the given fraction of their solo speed."""
+    solo = {"A": job(640.0, 0.1, 0.05, 0.05), "B": job(64 / 0.15, 0.15, 0.075, 0.075)}
+    scenarios = {"solo_A": scenario({"A": solo["A"]}), "solo_B": scenario({"B": solo["B"]})}
+    for name, normalised in normalised_by_scenario.items():
+        share = normalised / 2
+        scenarios[name] = scenario({k: {**v, "images_per_s": v["images_per_s"] * share}
+                                    for k, v in solo.items()})
+    return {"settings": {"handoff_s": 2e-4}, "scenarios": scenarios}
+
+
+def test_ratios_and_errors_from_a_hand_made_comparison(tmp_path):
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps(comparison({"sequential": 1.0, "naive": 1.3, "crossover": 1.5})))
+    report = validate.validate_comparison(str(path), sim_steps=60)
+    a, b = report["profiles"]
+    assert a["images_per_step"] == pytest.approx(64) and b["comm_s"] == 0.075
+    row = report["normalised_ratios"]["crossover/sequential"]
+    assert row["measured"] == pytest.approx(1.5)
+    predicted = report["prediction"]["normalised"]
+    assert row["analytical"] == pytest.approx(predicted["crossover"] / predicted["sequential"])
+    assert row["analytical_error_pct"] == pytest.approx(100 * (row["analytical"] - 1.5) / 1.5)
+    assert 1.3 < row["analytical"] < 1.6 and 1.3 < row["simulated"] < 1.6
+    assert report["normalised_ratios"]["crossover/naive"]["measured"] == pytest.approx(1.5 / 1.3)
+    assert report["aggregate_images_ratios"]["crossover/sequential"]["measured"] == \
+        pytest.approx(1.5)
+    assert "crossover/naive" in validate.to_markdown(report)
+
+
+def test_missing_scenarios_are_skipped_or_rejected():
+    report = validate.validate_comparison(comparison({"sequential": 1.0, "crossover": 1.5}),
+                                          sim_steps=30)
+    assert set(report["normalised_ratios"]) == {"crossover/sequential"}
+    data = comparison({"crossover": 1.5})
+    del data["scenarios"]["solo_B"]
+    with pytest.raises(ValueError, match="solo_B"):
+        validate.validate_comparison(data)
+    data = comparison({})
+    del data["scenarios"]["solo_A"]["jobs"]["A"]["comm_s"]
+    with pytest.raises(ValueError, match="comm_s"):
+        validate.validate_comparison(data)
