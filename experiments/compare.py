@@ -48,12 +48,11 @@ def define_flags() -> None:
     flags.FLAGS.set_default("global_batch_size", 128)
     flags.FLAGS.set_default("steps", 40)
     flags.FLAGS.set_default("warmup_steps", 10)
-    flags.DEFINE_float("bandwidth_mbit", 35.0, "Per-host link rate (tc tbf), Mbit/s.")
-    flags.DEFINE_float("latency_ms", 0.0, "Added link delay (needs sch_netem in the kernel).")
-    flags.DEFINE_integer("num_hosts", 2, "Emulated hosts; each job has one rank per host.")
+    from experiments import launch_pair
+    launch_pair.define_flags()  # cluster flags: bandwidth_mbit, latency_ms, num_hosts, ...
+    flags.FLAGS.set_default("bandwidth_mbit", 35.0)
+    flags.FLAGS.set_default("timeout_s", 900.0)
     flags.DEFINE_string("out_dir", "runs/compare", "Where results and TensorBoard logs go.")
-    flags.DEFINE_float("timeout_s", 900.0, "Hard limit per scenario, seconds.")
-    flags.DEFINE_bool("force_localhost", False, "Skip namespaces (no bandwidth limit).")
     flags.DEFINE_list("scenarios", list(SCENARIOS), "Scenarios to run (sequential is needed: "
                       "it provides the solo profiles).")
 
@@ -188,9 +187,7 @@ def _attach_planner_validation(result: dict[str, Any]) -> None:
         logging.warning("planner validation skipped: %s", err)
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    run()
+main = config_lib.script_main(run)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import types
 from typing import Any, Callable, Mapping
 
+from absl import app
 from absl import flags as absl_flags
 
 Validator = Callable[[types.SimpleNamespace], None]
@@ -41,3 +42,15 @@ def require(condition: bool, message: str) -> None:
     """Raises ValueError(message) unless condition holds: flag errors read as sentences."""
     if not condition:
         raise ValueError(message)
+
+
+def script_main(run: Callable[[], Any]) -> Callable[[list[str]], None]:
+    """The absl `main` of an experiment script: stray positional arguments are an error
+    (a mistyped `--flag value` must not be ignored), then run() with the parsed flags."""
+
+    def main(argv: list[str]) -> None:
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected positional arguments: {argv[1:]}")
+        run()
+
+    return main

@@ -153,9 +153,7 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     return stats
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    run()
+main = config_lib.script_main(run)
 
 
 if __name__ == "__main__":

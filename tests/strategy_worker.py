@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -59,6 +61,18 @@ class RecordLosses(keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
 
 
+def wait_at_barrier(spec: str, me: str, timeout_s: float = 120.0) -> None:
+    """Lines up the processes of two jobs so that their training really runs concurrently
+    (TensorFlow start-up jitter is larger than a whole tiny training run)."""
+    directory, count = spec.rsplit(":", 1)
+    pathlib.Path(directory, me).touch()
+    deadline = time.monotonic() + timeout_s
+    while len(os.listdir(directory)) < int(count):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {spec}: only {os.listdir(directory)} arrived")
+        time.sleep(0.01)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -69,6 +83,7 @@ def main() -> None:
     parser.add_argument("--bad_xla", action="store_true")
     parser.add_argument("--group_per_rank", action="store_true")
     parser.add_argument("--fit_only", action="store_true", help="skip evaluate/predict")
+    parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(7)
@@ -90,6 +105,8 @@ def main() -> None:
         keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
         with strategy.scope():
             model = build_model(args.bad_xla)
+        if args.barrier:
+            wait_at_barrier(args.barrier, f"{group}-{rank}-{os.getpid()}")
         model.fit(strategy.distribute_dataset(global_dataset(args.steps)), epochs=1, verbose=0,
                   callbacks=[*strategy.callbacks(), record])
         result["lease_stats"] = strategy.lease_stats()
