@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import pathlib
 import shlex
+import shutil
 import sys
 import uuid
 from typing import Any, Mapping
@@ -81,13 +82,14 @@ def _train_namespace(c: Any) -> Any:
                                  threads=0, job="A")
 
 
-def _train_command(c: Any, job: str, group: str, tensorboard_dir: pathlib.Path) -> list[str]:
+def _train_command(c: Any, job: str, group: str, tensorboard_dir: pathlib.Path,
+                   barrier: str) -> list[str]:
     return [sys.executable, "-m", "experiments.train", f"--job={job}", f"--group={group}",
             f"--model={c.model}", f"--dataset={c.dataset}",
             f"--global_batch_size={c.global_batch_size}", f"--steps={c.steps}",
             f"--warmup_steps={c.warmup_steps}", f"--learning_rate={c.learning_rate}",
             f"--jit_compile={c.jit_compile}", f"--model_dir={tensorboard_dir}",
-            "--lease_timeout_s=300", "--seed=0"]
+            "--lease_timeout_s=300", "--seed=0", f"--start_barrier={barrier}"]
 
 
 def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[str, dict]:
@@ -95,10 +97,15 @@ def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[st
     from experiments import launch_pair
     group = {"naive": ""}.get(name, f"xo{uuid.uuid4().hex[:8]}")
     tensorboard_dir = out / "tensorboard" / name
-    jobs = {job: _train_command(c, job, group, tensorboard_dir) for job in ("A", "B")}
+    concurrent = name != "sequential"
+    shutil.rmtree(out / "barriers" / name, ignore_errors=True)  # arrivals of an earlier run
+    # Concurrent jobs start training together (all ranks of both); sequential ones alone.
+    jobs = {job: _train_command(c, job, group, tensorboard_dir, barrier=(
+        f"{out / 'barriers' / name}:{2 * c.num_hosts}" if concurrent else ""))
+        for job in ("A", "B")}
     logging.info("scenario %s: %s", name, " ".join(map(shlex.quote, jobs["A"])))
     results = launch_pair.run_jobs(cluster, jobs,
-                                   mode="sequential" if name == "sequential" else "concurrent",
+                                   mode="concurrent" if concurrent else "sequential",
                                    log_dir=str(out / "logs" / name), timeout_s=c.timeout_s)
     if group:
         from crossover_tf.cluster import remove_lease_segments

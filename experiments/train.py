@@ -22,7 +22,7 @@ from experiments import config as config_lib  # noqa: E402
 
 FLAG_NAMES = ["job", "group", "model", "dataset", "data_dir", "global_batch_size", "steps",
               "epochs", "warmup_steps", "learning_rate", "momentum", "jit_compile", "model_dir",
-              "seed", "lease_timeout_s", "compression", "threads", "log_every"]
+              "seed", "lease_timeout_s", "compression", "threads", "log_every", "start_barrier"]
 
 
 def define_flags() -> None:
@@ -54,6 +54,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("threads", 0, "TF intra-op threads (0: TensorFlow's default, i.e. "
                          "the CPUs this process may run on).")
     flags.DEFINE_integer("log_every", 1, "Write TensorBoard step scalars every N steps.")
+    flags.DEFINE_string("start_barrier", "", "DIR:COUNT: wait before training until COUNT "
+                        "processes (all ranks of all jobs meant to run together) arrived.")
 
 
 def validate(c: Any) -> None:
@@ -120,6 +122,9 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     job_dir = pathlib.Path(c.model_dir) / c.job
     step_stats = xo_callbacks.StepStatistics(strategy, c.global_batch_size, str(job_dir),
                                              c.log_every)
+    if c.start_barrier:
+        from experiments.barrier import wait_at_barrier
+        wait_at_barrier(c.start_barrier, f"{c.job}-{strategy.rank}")
     start_ns = time.time_ns()
     model.fit(train_data, epochs=c.epochs, steps_per_epoch=c.steps, verbose=0,
               callbacks=[*strategy.callbacks(), step_stats])

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from experiments.barrier import wait_at_barrier  # noqa: E402
 
 GLOBAL_BATCH = 32
 FEATURES, CLASSES = 16, 4
@@ -59,18 +59,6 @@ class RecordLosses(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.losses.append(float(logs["loss"]))
-
-
-def wait_at_barrier(spec: str, me: str, timeout_s: float = 120.0) -> None:
-    """Lines up the processes of two jobs so that their training really runs concurrently
-    (TensorFlow start-up jitter is larger than a whole tiny training run)."""
-    directory, count = spec.rsplit(":", 1)
-    pathlib.Path(directory, me).touch()
-    deadline = time.monotonic() + timeout_s
-    while len(os.listdir(directory)) < int(count):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"barrier {spec}: only {os.listdir(directory)} arrived")
-        time.sleep(0.01)
 
 
 def main() -> None:

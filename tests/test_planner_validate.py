@@ -57,3 +57,15 @@ def test_missing_scenarios_are_skipped_or_rejected():
     del data["scenarios"]["solo_A"]["jobs"]["A"]["comm_s"]
     with pytest.raises(ValueError, match="comm_s"):
         validate.validate_comparison(data)
+
+
+def test_sequential_pair_counts_each_job_for_half_the_time():
+    """compare.py's sequential scenario lists each job at its solo rate but credits it only
+    with its share of the aggregate (per_job_in_aggregate): normalised throughput 1, not 2."""
+    data = comparison({"crossover": 1.5})
+    solo = {k: data["scenarios"][f"solo_{k}"]["jobs"][k] for k in "AB"}
+    halves = {k: v["images_per_s"] / 2 for k, v in solo.items()}
+    data["scenarios"]["sequential"] = {"jobs": solo, "per_job_in_aggregate": halves,
+                                       "aggregate_images_per_s": sum(halves.values())}
+    report = validate.validate_comparison(data, sim_steps=30)
+    assert report["normalised_ratios"]["crossover/sequential"]["measured"] == pytest.approx(1.5)

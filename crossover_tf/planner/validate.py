@@ -66,13 +66,20 @@ def profiles_from_comparison(data: Mapping[str, Any]) -> tuple[JobProfile, JobPr
 
 def measured_normalised(data: Mapping[str, Any], profiles: tuple[JobProfile, JobProfile]
                         ) -> dict[str, float]:
-    """Normalised throughput of each measured pair scenario that has both jobs."""
+    """Normalised throughput of each measured pair scenario that has both jobs.
+
+    A job's rate inside the pair is `per_job_in_aggregate` when the comparison gives it (in a
+    sequential pair each job runs at its solo rate but only half the time; in a concurrent one,
+    the rate while both ran), else its `images_per_s`.
+    """
     out = {}
     for scenario in PAIR_SCENARIOS:
-        jobs = data["scenarios"].get(scenario, {}).get("jobs", {})
+        entry = data["scenarios"].get(scenario, {})
+        jobs = entry.get("jobs", {})
         if all(p.name in jobs for p in profiles):
-            out[scenario] = sum(float(jobs[p.name]["images_per_s"]) / p.solo_images_per_s
-                                for p in profiles)
+            rates = entry.get("per_job_in_aggregate") or {
+                p.name: jobs[p.name]["images_per_s"] for p in profiles}
+            out[scenario] = sum(float(rates[p.name]) / p.solo_images_per_s for p in profiles)
     return out
 
 
