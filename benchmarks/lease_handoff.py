@@ -30,8 +30,10 @@ def handoff_latencies(cycles: int, hold_ms: float) -> np.ndarray:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     with tempfile.TemporaryDirectory() as tmp:
         outs = [pathlib.Path(tmp) / f"{i}.json" for i in range(2)]
+        barrier = f"{tmp}/barrier:2"
         procs = [subprocess.Popen([sys.executable, str(WORKER), "cycles", group, "cpu0",
-                                   str(cycles), str(hold_ms), str(o)], env=env) for o in outs]
+                                   str(cycles), str(hold_ms), str(o), barrier], env=env)
+                 for o in outs]
         for p in procs:
             if p.wait(timeout=600) != 0:
                 raise RuntimeError("lease worker failed")

@@ -1,7 +1,9 @@
 """A lease contender run as its own OS process by the lease tests and benchmark.
 
 Modes (argv[1]):
-  cycles GROUP KEY N HOLD_MS OUT   acquire/hold/release N times, write intervals to OUT (JSON)
+  cycles GROUP KEY N HOLD_MS OUT [BARRIER]
+                                   acquire/hold/release N times, write intervals to OUT (JSON);
+                                   BARRIER (DIR:COUNT) lines contenders up before the first cycle
   hold GROUP KEY READY_FILE        acquire, touch READY_FILE, then sleep until killed
   acquire GROUP KEY TIMEOUT OUT    one acquire; write the wall time it succeeded (or the error)
   exit_holding GROUP KEY           acquire and exit without releasing
@@ -17,6 +19,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from crossover_tf.ops.lease import DeviceLease  # noqa: E402
+from experiments.barrier import wait_at_barrier  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -26,6 +29,8 @@ def main(argv: list[str]) -> int:
         n, hold_s, out = int(argv[4]), float(argv[5]) / 1000.0, argv[6]
         lease.acquire()  # warm up op construction before recording
         lease.release()
+        if len(argv) > 7:
+            wait_at_barrier(argv[7], str(os.getpid()))
         intervals = []
         for _ in range(n):
             lease.acquire()

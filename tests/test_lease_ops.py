@@ -122,7 +122,9 @@ def _wait_for(path: pathlib.Path, timeout: float) -> None:
 @pytest.mark.multiprocess
 def test_two_processes_mutual_exclusion_and_alternation(tmp_path, lease_group, child_env):
     outs = [tmp_path / "a.json", tmp_path / "b.json"]
-    procs = [_spawn(child_env, "cycles", lease_group, "cpu0", "40", "4", str(o)) for o in outs]
+    barrier = f"{tmp_path / 'barrier'}:2"   # start cycling together, not a TF start-up apart
+    procs = [_spawn(child_env, "cycles", lease_group, "cpu0", "40", "4", str(o), barrier)
+             for o in outs]
     for p in procs:
         _finish(p)
     runs = [json.loads(o.read_text()) for o in outs]
