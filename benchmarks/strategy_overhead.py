@@ -46,6 +46,8 @@ def main() -> None:
           f"x {args.steps - 10} timed steps each")
     print(f"median step: plain Horovod {plain * 1e3:.2f} ms, crossover (no peer) "
           f"{crossed * 1e3:.2f} ms, ratio {crossed / plain:.4f}")
+    for variant, times in step_times.items():  # run-to-run spread = the noise floor
+        print(f"  {variant} runs (ms): {', '.join(f'{t * 1e3:.2f}' for t in times)}")
 
 
 if __name__ == "__main__":
