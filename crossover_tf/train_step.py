@@ -28,7 +28,8 @@ from crossover_tf.ops import lease as lease_lib
 if TYPE_CHECKING:
     from crossover_tf.strategy import CrossoverStrategy
 
-_XLA_FAILURE = re.compile(r"XLA|jit|compil", re.IGNORECASE)
+_XLA_FAILURE = re.compile(r"XLA|compil", re.IGNORECASE)
+_XLA_ERROR_TYPES = (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError)
 
 
 class CrossoverTrainStep:
@@ -129,7 +130,8 @@ def _release_on_error(train_function: Callable[..., Any], strategy: "CrossoverSt
             raise
         except tf.errors.OpError as err:
             strategy.release_device()
-            if step.jit_compile and _XLA_FAILURE.search(err.message or ""):
+            if (step.jit_compile and isinstance(err, _XLA_ERROR_TYPES)
+                    and _XLA_FAILURE.search(err.message or "")):
                 raise RuntimeError(
                     "crossover_tf: XLA could not compile the model's training computation "
                     "(model.compile(jit_compile=True)). Compile the model with "
