@@ -20,6 +20,8 @@ import uuid
 
 import numpy as np
 
+from crossover_tf.ops.segments import remove_group_segments
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "lease_worker.py"
 
@@ -38,7 +40,7 @@ def handoff_latencies(cycles: int, hold_ms: float) -> np.ndarray:
             if p.wait(timeout=600) != 0:
                 raise RuntimeError("lease worker failed")
         timelines = [np.asarray(json.loads(o.read_text())["timeline"]) for o in outs]
-    pathlib.Path(f"/dev/shm/crossover.{group}.cpu0").unlink(missing_ok=True)
+    remove_group_segments([group])
     events = sorted((row[0], row[1], row[2], who) for who, t in enumerate(timelines)
                     for row in t)
     latencies = [nxt[1] - cur[2] for cur, nxt in zip(events, events[1:])
@@ -76,7 +78,7 @@ def uncontended_pair_cost(iterations: int) -> tuple[float, float]:
             best = min(best, time.perf_counter() - start)
         timings[name] = best / iterations
     lease.release()
-    pathlib.Path(f"/dev/shm/crossover.{lease.group}.cpu0").unlink(missing_ok=True)
+    remove_group_segments([lease.group])
     return timings["lease"], timings["identity"]
 
 

@@ -6,7 +6,7 @@ the device lease; callers release it first (see CrossoverStrategy.synchronize_gr
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -32,13 +32,22 @@ def allreduce_gradients(grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
     Sparse gradients are densified: a grouped allreduce needs dense tensors, and for the
     models this project targets the dense path is what Horovod's sparse_as_dense would pick.
     """
-    present = [i for i, g in enumerate(grads) if g is not None]
-    dense = [tf.convert_to_tensor(grads[i]) for i in present]
-    reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression,
-                                    name="crossover_grads") if dense else []
-    out: list[tf.Tensor | None] = [None] * len(grads)
-    for i, r in zip(present, reduced):
-        out[i] = r
+    def reduce_all(dense: list[Any]) -> list[tf.Tensor]:
+        dense = [tf.convert_to_tensor(g) for g in dense]
+        return hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression,
+                                     name="crossover_grads") if dense else []
+
+    return map_present(reduce_all, grads)
+
+
+def map_present(op: Callable[[list[Any]], Sequence[Any]],
+                items: Sequence[Any | None]) -> list[Any | None]:
+    """Applies a list-to-list op to the non-None items, keeping None in place (variables
+    without gradients pass through collectives and lease ops untouched)."""
+    present = [i for i, item in enumerate(items) if item is not None]
+    out = list(items)
+    for i, result in zip(present, op([items[i] for i in present])):
+        out[i] = result
     return out
 
 

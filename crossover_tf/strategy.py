@@ -176,11 +176,13 @@ class CrossoverStrategy:
         gradients with the device held again. Without a group: just the allreduce.
         """
         grads = list(grads)
-        if self.lease is not None:
-            grads = _release_present(self.lease, grads)
+        lease = self.lease
+        if lease is not None:
+            grads = collectives.map_present(lease.release, grads)
         grads = collectives.allreduce_gradients(grads, self.compression)
-        if self.lease is not None:
-            grads = _acquire_present(self.lease, grads)
+        if lease is not None:
+            grads = collectives.map_present(
+                lambda g: lease.acquire(g, tag=lease_lib.TAG_APPLY), grads)
         return grads
 
     def release_device(self) -> None:
@@ -216,20 +218,3 @@ class CrossoverStrategy:
                     "other. Give each local rank its own device (CROSSOVER_DEVICE_KEY).")
             seen[where] = r
 
-
-def _release_present(lease: lease_lib.DeviceLease, grads: list[Any]) -> list[Any]:
-    return _through_lease(lambda g: lease.release(g), grads)
-
-
-def _acquire_present(lease: lease_lib.DeviceLease, grads: list[Any]) -> list[Any]:
-    return _through_lease(lambda g: lease.acquire(g, tag=lease_lib.TAG_APPLY), grads)
-
-
-def _through_lease(op: Callable[[list[Any]], list[Any]], grads: list[Any]) -> list[Any]:
-    """Threads the non-None gradients through a lease op, keeping None placeholders."""
-    present = [i for i, g in enumerate(grads) if g is not None]
-    passed = op([grads[i] for i in present])
-    out = list(grads)
-    for i, g in zip(present, passed):
-        out[i] = g
-    return out

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from absl import app, flags, logging
 
 from crossover_tf.cluster import linkprobe
+from experiments import config as config_lib
 from crossover_tf.cluster.launch import launch_job, wait_jobs
 from crossover_tf.cluster.netns import EmulatedCluster
 
@@ -52,19 +53,18 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("result_json", None, "Also write the result dict to this file.", **fv)
 
 
+def _check(c: Any) -> None:
+    config_lib.require(c.mode in MODES, f"mode must be one of {MODES}, got {c.mode!r}")
+    config_lib.require(bool(c.job_a) and (c.mode == "single" or bool(c.job_b)),
+                       f"--job_a{'' if c.mode == 'single' else ' and --job_b'} required")
+
+
 def _config(flag_values: flags.FlagValues, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     """Flag values (defaults if unparsed) with `overrides` on top; never mutates the flags."""
     define_flags(flag_values)
-    config = {name: flag_values[name].value for name in _FLAG_NAMES}
-    unknown = set(overrides or {}) - set(config)
-    if unknown:
-        raise ValueError(f"unknown launch_pair settings: {sorted(unknown)}")
-    config.update(overrides or {})
+    config = vars(config_lib.resolve(flag_values, list(_FLAG_NAMES), overrides, _check,
+                                     "launch_pair"))
     config["log_dir"] = config["log_dir"] or DEFAULT_LOG_DIR
-    if config["mode"] not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {config['mode']!r}")
-    if not config["job_a"] or (config["mode"] != "single" and not config["job_b"]):
-        raise ValueError(f"--job_a{'' if config['mode'] == 'single' else ' and --job_b'} required")
     return config
 
 

@@ -23,6 +23,8 @@ from typing import Any, Mapping
 
 from absl import app, flags
 
+from experiments import config as config_lib
+
 from crossover_tf.planner import analytical, cluster, pairing, profile, sweep, validate
 
 MODES = ("recommend", "pair", "simulate", "sweep", "validate")
@@ -54,18 +56,18 @@ def define_flags() -> None:
             define(name=name, default=default, help=help_text, **extra)
 
 
+_SETTING_NAMES = ["mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
+                  "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
+                  "threshold", "handoff_s"]
+
+
+def _check_settings(c: Any) -> None:
+    config_lib.require(c.mode in MODES, f"mode must be one of {MODES}, got {c.mode!r}")
+
+
 def _settings(flag_values: Any, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    names = ("mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
-             "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
-             "threshold", "handoff_s")
-    settings = {name: getattr(flag_values, name) for name in names}
-    unknown = set(overrides or {}) - set(names)
-    if unknown:
-        raise ValueError(f"unknown override(s): {', '.join(sorted(unknown))}")
-    settings.update(overrides or {})
-    if settings["mode"] not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {settings['mode']!r}")
-    return settings
+    return vars(config_lib.resolve(flag_values, _SETTING_NAMES, overrides, _check_settings,
+                                   "plan"))
 
 
 def _profiles(settings: Mapping[str, Any], at_least: int) -> list[profile.JobProfile]:

@@ -21,8 +21,8 @@ def lease_group() -> str:
     """A lease group no other test (or concurrent test run) uses; its segments are removed after."""
     group = f"t{uuid.uuid4().hex[:12]}"
     yield group
-    for seg in pathlib.Path("/dev/shm").glob(f"crossover.{group}.*"):
-        seg.unlink(missing_ok=True)
+    from crossover_tf.ops.segments import remove_group_segments
+    remove_group_segments([group])
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from crossover_tf.ops import lease as lease_lib
+from crossover_tf.ops import segments
 
 WORKER = str(pathlib.Path(__file__).with_name("lease_worker.py"))
 
@@ -91,7 +92,7 @@ class LeaseOpTest(tf.test.TestCase):
 
     def test_stale_segment_of_wrong_layout_is_recreated(self):
         lease_lib.unlink("stalegrp", "cpu0")
-        path = lease_lib.segment_path("stalegrp", "cpu0")
+        path = segments.segment_path("stalegrp", "cpu0")
         path.write_bytes(b"garbage from an older, crashed run")
         stale = lease_lib.DeviceLease("stalegrp", "cpu0")
         stale.acquire()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 from typing import Iterable
@@ -16,10 +15,9 @@ from typing import Iterable
 from absl import logging
 
 from crossover_tf.cluster import naming, shell
+from crossover_tf.ops import segments
 
 OWNER_DIR = pathlib.Path(tempfile.gettempdir()) / "crossover_tf_clusters"
-SHM_DIR = pathlib.Path("/dev/shm")
-_GROUP_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # same rule as the lease op's group names
 _MAX_OBJECTS = 1000  # bound on how many leftovers one sweep touches
 
 
@@ -102,19 +100,6 @@ def cleanup_stale() -> list[str]:
     return removed
 
 
-def validate_group(group: str) -> str:
-    """Rejects lease group names that could widen the /dev/shm glob (same rule as the lease op)."""
-    if not isinstance(group, str) or not _GROUP_RE.match(group):
-        raise ValueError(f"lease group {group!r} is invalid: use 1-64 of [A-Za-z0-9_-]")
-    return group
-
-
 def remove_lease_segments(groups: Iterable[str]) -> list[str]:
     """Unlinks /dev/shm/crossover.<group>.* for each lease group (names validated first)."""
-    removed = []
-    for group in groups:
-        pattern = f"crossover.{validate_group(group)}.*"
-        for segment in list(SHM_DIR.glob(pattern))[:_MAX_OBJECTS]:
-            segment.unlink(missing_ok=True)
-            removed.append(str(segment))
-    return removed
+    return segments.remove_group_segments(groups)

@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 from absl import logging
 
 from crossover_tf.cluster import cleanup, exit_hooks, naming, shaping, shell
+from crossover_tf.ops import segments
 
 SUBNET_PREFIX = "198.18.0."
 SUBNET_BITS = 24
@@ -66,7 +67,8 @@ class EmulatedCluster:
         self.num_hosts = num_hosts
         self.link = shaping.LinkSpec(bandwidth_mbit, latency_ms)
         self.cpus = list(cpus) if cpus is not None else default_cpus(num_hosts)
-        self.lease_groups = [cleanup.validate_group(g) for g in lease_groups]
+        self.lease_groups = [segments.validate_name("group", g, segments.GROUP_MAX_LEN)
+                             for g in lease_groups]
         self._requested_prefix = prefix
         self._force_localhost = force_localhost or os.environ.get(FORCE_LOCALHOST_ENV) == "1"
         self.prefix: str | None = None

@@ -10,18 +10,19 @@ import dataclasses
 import functools
 import os
 import pathlib
-import re
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from crossover_tf.ops import segments
+from crossover_tf.ops.segments import validate_name
 
 LIBRARY_NAME = "_lease_ops.so"
 # Where the library may be: $CROSSOVER_LEASE_OPS (explicit), beside this file (pip build,
 # ops/Makefile), or ops/ at the repository root (Bazel runfiles of //ops:_lease_ops.so).
 LIBRARY_CANDIDATES = (pathlib.Path(__file__).with_name(LIBRARY_NAME),
                       pathlib.Path(__file__).resolve().parents[2] / "ops" / LIBRARY_NAME)
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 # Tags recorded with each acquisition in the lease timeline.
 TAG_COMPUTE = 1
@@ -45,14 +46,6 @@ def load_library() -> Any:
         "build it with `make -C ops PYTHON=$(which python)` or run scripts/install.sh")
 
 
-def validate_name(kind: str, value: str, max_len: int) -> str:
-    """Checks a group or device key early, with the same rule as the C++ side."""
-    if not isinstance(value, str) or not _NAME_RE.match(value) or len(value) > max_len:
-        raise ValueError(f"crossover lease {kind} {value!r} is invalid: use 1-{max_len} "
-                         "characters from [A-Za-z0-9_-]")
-    return value
-
-
 def default_device_key(local_rank: int = 0) -> str:
     """Names this process's device on its host: $CROSSOVER_DEVICE_KEY, else gpu<i> or cpu<i>.
 
@@ -61,20 +54,14 @@ def default_device_key(local_rank: int = 0) -> str:
     """
     key = os.environ.get("CROSSOVER_DEVICE_KEY")
     if key:
-        return validate_name("device key", key, 32)
+        return validate_name("device key", key, segments.DEVICE_KEY_MAX_LEN)
     kind = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
     return f"{kind}{local_rank}"
 
 
-def segment_path(group: str, device_key: str) -> pathlib.Path:
-    """Where the lease's shared-memory segment lives (for cleanup by launchers and tests)."""
-    return pathlib.Path("/dev/shm") / f"crossover.{group}.{device_key}"
-
-
 def unlink(group: str, device_key: str) -> None:
     """Removes the segment name; processes that have it open keep working."""
-    segment_path(validate_name("group", group, 64),
-                 validate_name("device key", device_key, 32)).unlink(missing_ok=True)
+    segments.segment_path(group, device_key).unlink(missing_ok=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +89,8 @@ class DeviceLease:
     """
 
     def __init__(self, group: str, device_key: str, timeout_s: float = 600.0):
-        self.group = validate_name("group", group, 64)
-        self.device_key = validate_name("device key", device_key, 32)
+        self.group = validate_name("group", group, segments.GROUP_MAX_LEN)
+        self.device_key = validate_name("device key", device_key, segments.DEVICE_KEY_MAX_LEN)
         if not timeout_s > 0:
             raise ValueError(f"lease timeout must be positive, got {timeout_s}")
         self.timeout_s = float(timeout_s)
