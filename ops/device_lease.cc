@@ -4,8 +4,9 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -14,108 +15,131 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <sstream>
 
 namespace crossover {
 namespace {
 
-constexpr uint64_t kMagic = 0x31564f53534f5243ULL;  // "CROSSOV1", bump on layout change
-constexpr int kMaxWaiters = 16;
+constexpr uint64_t kMagic = 0x32564f53534f5243ULL;  // "CROSSOV2", bump on layout change
 constexpr size_t kTimelineCapacity = 16384;
-constexpr int64_t kPollNs = 20 * 1000 * 1000;       // liveness re-check period while waiting
-constexpr int kOpenAttempts = 200;                  // x 5 ms: bound on waiting for a creator
+constexpr int64_t kNsPerS = 1000000000;
+constexpr int64_t kPollNs = 20 * 1000 * 1000;        // liveness re-check period while waiting
+constexpr int64_t kOpenBoundNs = 30 * kNsPerS;       // wait for a creator/repairer to finish
+constexpr int64_t kReleaseLockBoundNs = 10 * kNsPerS;  // internal-lock wait when releasing
+constexpr int64_t kLockGraceNs = 200 * 1000 * 1000;  // internal-lock wait past a passed deadline
+constexpr int kOpenAttempts = 100;                   // bound on replace-and-retry rounds
+constexpr off_t kSlotLockBase = 1 << 20;             // slot i's lock byte: kSlotLockBase + i
 
 int64_t NowNs(clockid_t clock) {
   timespec ts;
   clock_gettime(clock, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+  return int64_t{ts.tv_sec} * kNsPerS + ts.tv_nsec;
 }
 int64_t MonoNs() { return NowNs(CLOCK_MONOTONIC); }
 int64_t WallNs() { return NowNs(CLOCK_REALTIME); }
+timespec ToTimespec(int64_t ns) {
+  return timespec{static_cast<time_t>(ns / kNsPerS), static_cast<long>(ns % kNsPerS)};
+}
+
+std::atomic<int> g_init_delay_ms{0};
 
 }  // namespace
 
-// A process identity that survives pid reuse: pid plus its start time in clock ticks.
-struct Owner {
+struct Slot {
+  uint64_t nonce;  // identity of the process that claimed this slot last
   int32_t pid;
-  uint64_t start_ticks;
-  bool operator==(const Owner& o) const { return pid == o.pid && start_ticks == o.start_ticks; }
-};
-
-struct Waiter {
-  Owner who;
-  int64_t since_wall_ns;
+  uint64_t pid_ns;
 };
 
 struct SharedLease {
   std::atomic<uint64_t> magic;  // written last by the creator: the segment is initialised
   uint32_t struct_size;
-  int32_t creator_pid;
-  pthread_mutex_t mu;            // robust, process-shared
-  std::atomic<uint32_t> wake_seq;  // futex word: bumped on every release
+  pthread_mutex_t mu;              // robust, process-shared
+  std::atomic<uint32_t> wake_seq;  // futex word: bumped on every release and repair
+  std::atomic<int32_t> locker_pid; // who took mu last (for the "stuck inside" message)
   // Guarded by mu.
-  Owner holder;                  // pid 0: free
+  Owner holder;                    // empty: free
   int64_t held_since_wall_ns;
   Owner last_holder;
-  int32_t num_waiters;
-  Waiter waiters[kMaxWaiters];   // FIFO
+  uint64_t next_ticket;
+  WaiterQueue queue;
+  Slot slots[kMaxProcesses];
   uint64_t total_handoffs;
   uint64_t total_recoveries;
 };
 
+const char* const kLeaseStatsFields[9] = {"acquires", "handoffs",   "contended",
+                                          "recoveries", "wait_s",   "hold_s",
+                                          "max_wait_s", "max_hold_s", "held"};
+
+std::vector<double> LeaseStats::Values() const {
+  return {static_cast<double>(acquires), static_cast<double>(handoffs),
+          static_cast<double>(contended), static_cast<double>(recoveries), wait_s, hold_s,
+          max_wait_s, max_hold_s, held ? 1.0 : 0.0};
+}
+
+// ----- WaiterQueue ------------------------------------------------------------------------
+
+bool WaiterQueue::Push(const Waiter& w) {
+  if (size >= kMaxWaiters) return false;
+  entries[size] = w;
+  ++size;  // after the entry is complete: a crash before this leaves the queue as it was
+  return true;
+}
+
+int WaiterQueue::Index(uint64_t ticket) const {
+  for (int i = 0; i < size; ++i) {
+    if (entries[i].ticket == ticket) return i;
+  }
+  return -1;
+}
+
+bool WaiterQueue::Remove(uint64_t ticket) {
+  const int at = Index(ticket);
+  if (at < 0) return false;
+  // A crash in this loop leaves a duplicate of some entry; Repair() drops it.
+  for (int i = at; i + 1 < size; ++i) entries[i] = entries[i + 1];
+  --size;
+  return true;
+}
+
+int WaiterQueue::Repair(const std::function<bool(const Owner&)>& alive) {
+  int dropped = 0;
+  if (size < 0 || size > kMaxWaiters) {
+    dropped += size < 0 ? 0 : size - kMaxWaiters;
+    size = std::clamp(size, 0, kMaxWaiters);
+  }
+  int kept = 0;
+  for (int i = 0; i < size; ++i) {
+    const Waiter& w = entries[i];
+    bool duplicate = false;
+    for (int j = 0; j < kept && !duplicate; ++j) duplicate = entries[j].ticket == w.ticket;
+    if (w.ticket == 0 || duplicate || !alive(w.who)) {
+      ++dropped;
+      continue;
+    }
+    entries[kept++] = w;
+  }
+  size = kept;
+  return dropped;
+}
+
 namespace {
 
-// Reads (state, start time) from /proc/<pid>/stat. False if the process does not exist.
-bool ReadProcStat(int32_t pid, char* state, uint64_t* start_ticks) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  std::ifstream in(path);
-  std::string line;
-  if (!in || !std::getline(in, line)) return false;
-  const size_t paren = line.rfind(')');  // comm may contain spaces and parentheses
-  if (paren == std::string::npos) return false;
-  std::istringstream fields(line.substr(paren + 2));
-  std::string field;
-  // After comm: field 3 is state; start time is field 22, i.e. the 20th after comm.
-  for (int i = 3; i <= 22 && fields >> field; ++i) {
-    if (i == 3) *state = field.empty() ? '?' : field[0];
-    if (i == 22) {
-      *start_ticks = std::strtoull(field.c_str(), nullptr, 10);
-      return true;
-    }
-  }
-  return false;
-}
-
-Owner Self() {
-  static const Owner self = [] {
-    Owner o{static_cast<int32_t>(getpid()), 0};
-    char state;
-    ReadProcStat(o.pid, &state, &o.start_ticks);
-    return o;
-  }();
-  return self;
-}
-
-// A zombie (killed but not yet reaped) counts as dead: it will never release.
-bool Alive(const Owner& o) {
-  if (o.pid <= 0) return false;
-  char state = '?';
-  uint64_t start = 0;
-  if (!ReadProcStat(o.pid, &state, &start)) return kill(o.pid, 0) == 0 || errno == EPERM;
-  if (state == 'Z' || state == 'X') return false;
-  return start == o.start_ticks;
-}
-
-void Warn(const std::string& msg) { fprintf(stderr, "[crossover lease] %s\n", msg.c_str()); }
+void EmitWarning(const std::string& msg) { fprintf(stderr, "[crossover lease] %s\n", msg.c_str()); }
 
 long Futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* timeout) {
   // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, timeout, nullptr, 0);
+}
+
+void WakeAll(SharedLease* s) {
+  s->wake_seq.fetch_add(1);
+  Futex(&s->wake_seq, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 bool ValidChars(const std::string& s, size_t max_len) {
@@ -129,12 +153,38 @@ bool ValidChars(const std::string& s, size_t max_len) {
 std::string SegmentName(const std::string& group, const std::string& device_key) {
   return "/crossover." + group + "." + device_key;
 }
+std::string SegmentPath(const std::string& name) { return "/dev/shm" + name; }
 
 std::string Errno(const std::string& what) { return what + ": " + strerror(errno); }
+LeaseStatus Internal(const std::string& what) {
+  return LeaseStatus::Error(LeaseCode::kInternal, Errno(what));
+}
+
+uint64_t PidNamespace() {
+  char buf[64] = {0};
+  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);  // "pid:[4026531836]"
+  if (n <= 0) return 0;
+  const char* open = strchr(buf, '[');
+  return open ? std::strtoull(open + 1, nullptr, 10) : 0;
+}
+
+// Fresh kernel randomness per call: a seeded generator's state would be copied by fork(), and
+// a parent and child could then draw the same identity.
+uint64_t RandomNonce() {
+  static std::atomic<uint64_t> fallback_counter{0};
+  uint64_t nonce = 0;
+  while (nonce == 0) {
+    if (getrandom(&nonce, sizeof(nonce), 0) != static_cast<ssize_t>(sizeof(nonce))) {
+      nonce = static_cast<uint64_t>(WallNs()) ^ (uint64_t{static_cast<uint32_t>(getpid())} << 40) ^
+              fallback_counter.fetch_add(1);
+    }
+  }
+  return nonce;
+}
 
 LeaseStatus InitShared(SharedLease* s) {
+  memset(static_cast<void*>(s), 0, sizeof(SharedLease));
   s->struct_size = sizeof(SharedLease);
-  s->creator_pid = Self().pid;
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -142,42 +192,115 @@ LeaseStatus InitShared(SharedLease* s) {
   const int rc = pthread_mutex_init(&s->mu, &attr);
   pthread_mutexattr_destroy(&attr);
   if (rc != 0) return LeaseStatus::Error(LeaseCode::kInternal, "pthread_mutex_init failed");
-  s->wake_seq.store(0);
-  s->holder = Owner{0, 0};
-  s->last_holder = Owner{0, 0};
-  s->num_waiters = 0;
-  s->total_handoffs = s->total_recoveries = 0;
   s->magic.store(kMagic, std::memory_order_release);
   return LeaseStatus::Ok();
 }
 
-// Maps an existing segment if it is initialised and of our layout. *stale is set when the
-// segment can never become valid (wrong size or magic, or its creator died mid-initialisation).
-SharedLease* MapExisting(int fd, bool* stale) {
-  *stale = false;
-  for (int attempt = 0; attempt < kOpenAttempts; ++attempt) {
-    struct stat st;
-    if (fstat(fd, &st) != 0) return nullptr;
-    if (st.st_size == static_cast<off_t>(sizeof(SharedLease))) {
-      void* p = mmap(nullptr, sizeof(SharedLease), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) return nullptr;
-      auto* s = static_cast<SharedLease*>(p);
-      const uint64_t magic = s->magic.load(std::memory_order_acquire);
-      if (magic == kMagic && s->struct_size == sizeof(SharedLease)) return s;
-      const bool creator_gone = s->creator_pid != 0 && kill(s->creator_pid, 0) != 0 && errno == ESRCH;
-      munmap(p, sizeof(SharedLease));
-      if (magic != 0 || creator_gone) {
-        *stale = true;
-        return nullptr;
-      }
-    } else if (st.st_size != 0) {
-      *stale = true;  // another layout: a different version or garbage
-      return nullptr;
+// Takes flock(LOCK_EX) on fd, waiting at most until deadline (flock itself has no timeout).
+LeaseStatus FlockBounded(int fd, const std::string& name, int64_t deadline) {
+  for (int64_t sleep_us = 100;; sleep_us = std::min<int64_t>(sleep_us * 2, 10000)) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return LeaseStatus::Ok();
+    if (errno != EWOULDBLOCK && errno != EINTR) return Internal("flock " + name);
+    if (MonoNs() >= deadline) {
+      return LeaseStatus::Error(
+          LeaseCode::kDeadlineExceeded,
+          "lease segment " + SegmentPath(name) + " is being created or repaired by another "
+          "process that has not finished within " + std::to_string(kOpenBoundNs / kNsPerS) +
+          " s (stopped or wedged?); resume or kill it");
     }
-    usleep(5000);  // creator between shm_open and initialisation
+    usleep(sleep_us);
   }
-  *stale = true;  // never initialised within the bound: its creator is stuck or dead
-  return nullptr;
+}
+
+// A lease segment must be ours alone: another user's segment could be used to stall or fake
+// our jobs' turns, so refuse it rather than share or delete it.
+LeaseStatus CheckOwnership(const struct stat& st, const std::string& name) {
+  const std::string path = SegmentPath(name);
+  if (!S_ISREG(st.st_mode)) {
+    return LeaseStatus::Error(LeaseCode::kPermissionDenied, path + " is not a regular file");
+  }
+  if (st.st_uid != geteuid()) {
+    return LeaseStatus::Error(
+        LeaseCode::kPermissionDenied,
+        path + " belongs to uid " + std::to_string(st.st_uid) + ", not to this process (uid " +
+            std::to_string(geteuid()) + "): another user uses this group name; pick another "
+            "group, or remove the file if it is stale");
+  }
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return LeaseStatus::Error(
+        LeaseCode::kPermissionDenied,
+        path + " has permissions " + mode + "; a lease segment must be private to its owner "
+        "(0600). Remove the file (no job should be using it) and start again");
+  }
+  return LeaseStatus::Ok();
+}
+
+// True if the name still refers to the inode we hold open (it was not replaced meanwhile).
+bool NameRefersTo(const std::string& name, const struct stat& st) {
+  struct stat named;
+  return stat(SegmentPath(name).c_str(), &named) == 0 && named.st_ino == st.st_ino &&
+         named.st_dev == st.st_dev;
+}
+
+// Opens, creates or replaces the segment. Everything that decides what the segment is happens
+// under flock() on its inode, so concurrent starters agree on one segment: a creator holds the
+// lock until the segment is initialised, and only the holder of the lock on the inode the
+// name currently refers to may unlink it.
+LeaseStatus OpenSegment(const std::string& name, int* fd_out, SharedLease** shared_out,
+                        std::vector<std::string>* warnings) {
+  const int64_t deadline = MonoNs() + kOpenBoundNs;
+  for (int attempt = 0; attempt < kOpenAttempts; ++attempt) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return Internal("shm_open " + name);
+    auto fail = [fd](LeaseStatus status) {
+      close(fd);
+      return status;
+    };
+    LeaseStatus status = FlockBounded(fd, name, deadline);
+    if (!status.ok()) return fail(status);
+    struct stat st;
+    if (fstat(fd, &st) != 0) return fail(Internal("fstat " + name));
+    status = CheckOwnership(st, name);
+    if (!status.ok()) return fail(status);
+    if (!NameRefersTo(name, st)) {  // replaced by a repairer while we waited for the lock
+      close(fd);
+      continue;
+    }
+    const bool fresh = st.st_size == 0;
+    if (fresh && ftruncate(fd, sizeof(SharedLease)) != 0) return fail(Internal("ftruncate"));
+    if (fresh || st.st_size == static_cast<off_t>(sizeof(SharedLease))) {
+      void* p = mmap(nullptr, sizeof(SharedLease), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) return fail(Internal("mmap " + name));
+      auto* s = static_cast<SharedLease*>(p);
+      if (fresh) {
+        if (const int ms = g_init_delay_ms.load()) usleep(ms * 1000);
+        status = InitShared(s);
+        if (!status.ok()) {
+          munmap(p, sizeof(SharedLease));
+          return fail(status);
+        }
+      }
+      if (s->magic.load(std::memory_order_acquire) == kMagic &&
+          s->struct_size == sizeof(SharedLease)) {
+        flock(fd, LOCK_UN);
+        *fd_out = fd;
+        *shared_out = s;
+        return LeaseStatus::Ok();
+      }
+      munmap(p, sizeof(SharedLease));
+    }
+    // Another layout, garbage, or a creator that died before finishing: nobody can be using
+    // it as a lease of this version, and we hold the lock of the inode the name refers to.
+    warnings->push_back("replacing stale or incompatible segment " + SegmentPath(name) +
+                        " (" + std::to_string(st.st_size) + " bytes)");
+    shm_unlink(name.c_str());
+    close(fd);
+  }
+  return LeaseStatus::Error(LeaseCode::kInternal, "could not open lease segment " + name +
+                                                      " after " +
+                                                      std::to_string(kOpenAttempts) + " tries");
 }
 
 std::mutex& RegistryMutex() {
@@ -191,214 +314,382 @@ std::map<std::string, std::weak_ptr<DeviceLease>>& Registry() {
 
 }  // namespace
 
-LeaseStatus DeviceLease::ValidateName(const std::string& group, const std::string& device_key) {
-  if (!ValidChars(group, 64)) {
-    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
-                              "crossover lease group '" + group +
-                                  "' is invalid: use 1-64 characters from [A-Za-z0-9_-]");
+// ----- the internal mutex -----------------------------------------------------------------
+
+// Holds the shared mutex for one critical section. On every lock it drops a dead holder and
+// dead or duplicate waiters, so no path acts on stale state. Warnings are written only after
+// unlocking: a blocked stderr must never stall every job on the device.
+class DeviceLease::Locked {
+ public:
+  explicit Locked(DeviceLease* lease) : lease_(lease), s_(lease->shared_) {}
+  ~Locked() { Unlock(); }
+
+  LeaseStatus Lock(int64_t deadline_mono) {
+    const timespec abs = ToTimespec(std::max(deadline_mono, MonoNs() + kLockGraceNs));
+    const int rc = pthread_mutex_clocklock(&s_->mu, CLOCK_MONOTONIC, &abs);
+    if (rc == ETIMEDOUT) {
+      return LeaseStatus::Error(
+          LeaseCode::kDeadlineExceeded,
+          "crossover lease " + lease_->name_ + ": its internal lock is held by pid " +
+              std::to_string(s_->locker_pid.load()) +
+              ", which has not let go (a stopped process, e.g. Ctrl-Z, or a wedged one?); "
+              "resume or kill it");
+    }
+    if (rc != 0 && rc != EOWNERDEAD) {
+      return LeaseStatus::Error(LeaseCode::kInternal,
+                                "lease " + lease_->name_ + " is unusable (" + strerror(rc) +
+                                    "); stop its jobs and remove " + SegmentPath(lease_->name_));
+    }
+    locked_ = true;
+    s_->locker_pid.store(getpid());
+    if (rc == EOWNERDEAD) {  // a process died inside the critical section
+      pthread_mutex_consistent(&s_->mu);
+      Warn("a process died while updating " + lease_->name_ + "; repairing its state");
+      Count(1);
+    }
+    DropDead();
+    return LeaseStatus::Ok();
   }
-  if (!ValidChars(device_key, 32)) {
+
+  void Unlock() {
+    if (locked_) pthread_mutex_unlock(&s_->mu);
+    locked_ = false;
+    for (const std::string& w : warnings_) EmitWarning(w);
+    warnings_.clear();
+  }
+
+  void Warn(std::string msg) { warnings_.push_back(std::move(msg)); }
+
+ private:
+  void DropDead() {
+    int repaired = 0;
+    if (!s_->holder.empty() && !lease_->Alive(s_->holder)) {
+      Warn("holder pid " + std::to_string(s_->holder.pid) + " of " + lease_->name_ +
+           " is gone; reclaiming the lease");
+      s_->holder = Owner{};
+      ++repaired;
+    }
+    repaired += s_->queue.Repair([this](const Owner& o) { return lease_->Alive(o); });
+    if (repaired) {
+      Count(repaired);
+      WakeAll(s_);
+    }
+  }
+  void Count(int repaired) {
+    s_->total_recoveries += repaired;
+    lease_->recoveries_.fetch_add(repaired);
+  }
+
+  DeviceLease* const lease_;
+  SharedLease* const s_;
+  bool locked_ = false;
+  std::vector<std::string> warnings_;
+};
+
+// ----- opening and identity ---------------------------------------------------------------
+
+LeaseStatus DeviceLease::ValidateName(const std::string& group, const std::string& device_key) {
+  if (!ValidChars(group, kMaxGroupLen)) {
     return LeaseStatus::Error(LeaseCode::kInvalidArgument,
-                              "crossover lease device key '" + device_key +
-                                  "' is invalid: use 1-32 characters from [A-Za-z0-9_-]");
+                              "crossover lease group '" + group + "' is invalid: use 1-" +
+                                  std::to_string(kMaxGroupLen) + " characters from [A-Za-z0-9_-]");
+  }
+  if (!ValidChars(device_key, kMaxDeviceKeyLen)) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "crossover lease device key '" + device_key + "' is invalid: use 1-" +
+                                  std::to_string(kMaxDeviceKeyLen) +
+                                  " characters from [A-Za-z0-9_-]");
   }
   return LeaseStatus::Ok();
 }
+
+LeaseStatus DeviceLease::ValidateTimeout(double timeout_s) {
+  if (std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS) {
+    return LeaseStatus::Ok();
+  }
+  std::ostringstream msg;
+  msg << "crossover lease timeout must be a number of seconds in (0, " << kMaxTimeoutS
+      << "], got " << timeout_s
+      << " (a finite bound turns a stuck peer into an error instead of a hang)";
+  return LeaseStatus::Error(LeaseCode::kInvalidArgument, msg.str());
+}
+
+namespace {
+// fork() support: the child must not keep its parent's slot lock alive (it would make a dead
+// parent look alive) nor believe it holds its parent's lease.
+std::vector<std::shared_ptr<DeviceLease>>& ForkingLeases() {
+  static auto* leases = new std::vector<std::shared_ptr<DeviceLease>>();
+  return *leases;
+}
+}  // namespace
+
+struct ForkHandlers {
+  static void Prepare() {
+    RegistryMutex().lock();
+    for (auto& entry : Registry()) {
+      if (auto lease = entry.second.lock()) ForkingLeases().push_back(lease);
+    }
+    for (auto& lease : ForkingLeases()) lease->local_mu_.lock();
+  }
+  static void Parent() {
+    for (auto& lease : ForkingLeases()) lease->local_mu_.unlock();
+    ForkingLeases().clear();
+    RegistryMutex().unlock();
+  }
+  static void Child() {
+    for (auto& lease : ForkingLeases()) {
+      lease->ForgetIdentityAfterForkLocked();
+      lease->local_mu_.unlock();
+    }
+    ForkingLeases().clear();
+    RegistryMutex().unlock();
+  }
+};
 
 LeaseStatus DeviceLease::Get(const std::string& group, const std::string& device_key,
                              std::shared_ptr<DeviceLease>* out) {
   LeaseStatus status = ValidateName(group, device_key);
   if (!status.ok()) return status;
+  static std::once_flag fork_handlers;
+  std::call_once(fork_handlers, [] {
+    pthread_atfork(ForkHandlers::Prepare, ForkHandlers::Parent, ForkHandlers::Child);
+  });
   const std::string name = SegmentName(group, device_key);
-  std::lock_guard<std::mutex> registry_lock(RegistryMutex());
-  if (auto existing = Registry()[name].lock()) {
-    *out = existing;
-    return LeaseStatus::Ok();
-  }
-  SharedLease* shared = nullptr;
-  for (int attempt = 0; attempt < 8 && shared == nullptr; ++attempt) {
-    int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd >= 0) {  // we create it
-      if (ftruncate(fd, sizeof(SharedLease)) != 0) {
-        close(fd);
-        return LeaseStatus::Error(LeaseCode::kInternal, Errno("ftruncate " + name));
+  std::vector<std::string> warnings;
+  {
+    std::lock_guard<std::mutex> registry_lock(RegistryMutex());
+    if (auto existing = Registry()[name].lock()) {
+      *out = existing;
+      return LeaseStatus::Ok();
+    }
+    int fd = -1;
+    SharedLease* shared = nullptr;
+    status = OpenSegment(name, &fd, &shared, &warnings);
+    if (status.ok()) {
+      std::shared_ptr<DeviceLease> lease(new DeviceLease(name, fd, shared));
+      Owner me;
+      status = lease->Identity(&me);  // claims our slot; repairs state left by crashed runs
+      if (status.ok()) {
+        Registry()[name] = lease;
+        *out = lease;
       }
-      void* p = mmap(nullptr, sizeof(SharedLease), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      close(fd);
-      if (p == MAP_FAILED) return LeaseStatus::Error(LeaseCode::kInternal, Errno("mmap " + name));
-      shared = static_cast<SharedLease*>(p);
-      status = InitShared(shared);
-      if (!status.ok()) return status;
-      break;
-    }
-    if (errno != EEXIST) return LeaseStatus::Error(LeaseCode::kInternal, Errno("shm_open " + name));
-    fd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd < 0) {
-      if (errno == ENOENT) continue;  // removed between our two opens
-      return LeaseStatus::Error(LeaseCode::kInternal, Errno("shm_open " + name));
-    }
-    bool stale = false;
-    shared = MapExisting(fd, &stale);
-    close(fd);
-    if (shared == nullptr) {
-      if (!stale) return LeaseStatus::Error(LeaseCode::kInternal, Errno("mapping " + name));
-      Warn("removing stale or incompatible segment /dev/shm" + name + " and recreating it");
-      shm_unlink(name.c_str());
     }
   }
-  if (shared == nullptr) {
-    return LeaseStatus::Error(LeaseCode::kInternal, "could not open lease segment " + name);
-  }
-  std::shared_ptr<DeviceLease> lease(new DeviceLease(name, shared));
-  status = lease->Lock(/*check_liveness=*/true);  // repairs state left by crashed runs
-  if (!status.ok()) return status;
-  lease->Unlock();
-  Registry()[name] = lease;
-  *out = lease;
-  return LeaseStatus::Ok();
+  for (const std::string& w : warnings) EmitWarning(w);
+  return status;
 }
 
-LeaseStatus DeviceLease::Unlink(const std::string& group, const std::string& device_key) {
-  LeaseStatus status = ValidateName(group, device_key);
-  if (!status.ok()) return status;
-  if (shm_unlink(SegmentName(group, device_key).c_str()) != 0 && errno != ENOENT) {
-    return LeaseStatus::Error(LeaseCode::kInternal, Errno("shm_unlink"));
-  }
-  return LeaseStatus::Ok();
-}
-
-DeviceLease::DeviceLease(std::string name, SharedLease* shared)
-    : name_(std::move(name)), shared_(shared) {
+DeviceLease::DeviceLease(std::string name, int fd, SharedLease* shared)
+    : name_(std::move(name)), shared_(shared), lock_fd_(fd) {
   events_.reserve(256);
 }
 
 DeviceLease::~DeviceLease() {
   Release();
   munmap(shared_, sizeof(SharedLease));
+  if (lock_fd_ >= 0) close(lock_fd_);  // drops our slot lock: we are gone
 }
 
-LeaseStatus DeviceLease::Lock(bool check_liveness) {
-  const int rc = pthread_mutex_lock(&shared_->mu);
-  if (rc == EOWNERDEAD) {
-    // A process died inside the critical section: the state may be half-updated.
-    pthread_mutex_consistent(&shared_->mu);
-    Warn("previous owner of " + name_ + " died while updating it; repairing");
-    RepairLocked(/*check_liveness=*/true);
-    return LeaseStatus::Ok();
+LeaseStatus DeviceLease::Identity(Owner* me) {
+  std::lock_guard<std::mutex> local(local_mu_);
+  if (identity_pid_ != getpid()) {
+    LeaseStatus status = ClaimSlotLocked();
+    if (!status.ok()) return status;
   }
-  if (rc != 0) {
-    return LeaseStatus::Error(
-        LeaseCode::kInternal,
-        "lease " + name_ + " is unusable (" + strerror(rc) + "); remove /dev/shm" + name_);
-  }
-  RepairLocked(check_liveness);
+  *me = me_;
   return LeaseStatus::Ok();
 }
 
-void DeviceLease::Unlock() { pthread_mutex_unlock(&shared_->mu); }
-
-void DeviceLease::RepairLocked(bool check_liveness) {
-  SharedLease* s = shared_;
-  uint64_t repaired = 0;
-  if (s->num_waiters < 0 || s->num_waiters > kMaxWaiters || s->holder.pid < 0) {
-    Warn("lease " + name_ + " had impossible state; resetting it");
-    s->num_waiters = 0;
-    s->holder = Owner{0, 0};
-    ++repaired;
+// A slot is ours while we hold an open-file-description lock on its byte. The kernel drops
+// the lock when the process dies, so a peer in any PID namespace can tell we are gone.
+LeaseStatus DeviceLease::ClaimSlotLocked() {
+  if (lock_fd_ < 0) {
+    return LeaseStatus::Error(LeaseCode::kInternal,
+                              "lease " + name_ + " could not be reopened after fork()");
   }
-  if (check_liveness) {
-    const Owner me = Self();
-    if (s->holder.pid != 0 && !(s->holder == me) && !Alive(s->holder)) {
-      Warn("holder pid " + std::to_string(s->holder.pid) + " of " + name_ + " is dead; reclaiming");
-      s->holder = Owner{0, 0};
-      ++repaired;
+  int slot = -1;
+  for (int i = 0; i < kMaxProcesses && slot < 0; ++i) {
+    struct flock fl = {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = kSlotLockBase + i;
+    fl.l_len = 1;
+    if (fcntl(lock_fd_, F_OFD_SETLK, &fl) == 0) {
+      slot = i;
+    } else if (errno != EAGAIN && errno != EACCES) {
+      return Internal("locking a slot of " + name_);
     }
-    int kept = 0;
-    for (int i = 0; i < s->num_waiters; ++i) {
-      if (s->waiters[i].who == me || Alive(s->waiters[i].who)) {
-        s->waiters[kept++] = s->waiters[i];
-      } else {
-        ++repaired;
-      }
-    }
-    s->num_waiters = kept;
   }
-  if (repaired) {
-    s->total_recoveries += repaired;
-    s->wake_seq.fetch_add(1);
-    Futex(&s->wake_seq, FUTEX_WAKE, INT_MAX, nullptr);
-    std::lock_guard<std::mutex> stats_lock(local_mu_);
-    stats_.recoveries += repaired;
+  if (slot < 0) {
+    return LeaseStatus::Error(LeaseCode::kResourceExhausted,
+                              "lease " + name_ + " is open in " + std::to_string(kMaxProcesses) +
+                                  " processes already, the most one device supports");
   }
+  const Owner me{RandomNonce(), slot, static_cast<int32_t>(getpid()), PidNamespace()};
+  Locked locked(this);
+  LeaseStatus status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
+  if (!status.ok()) return status;
+  shared_->slots[slot] = Slot{me.nonce, me.pid, me.pid_ns};
+  locked.Unlock();
+  me_ = me;
+  my_nonce_.store(me.nonce);
+  identity_pid_ = getpid();
+  return LeaseStatus::Ok();
 }
 
+void DeviceLease::ForgetIdentityAfterForkLocked() {
+  // Reopen the segment as a new open file description; dup3 drops our reference to the
+  // parent's (and with it any claim on the parent's slot lock).
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", lock_fd_);
+  const int fresh = open(path, O_RDWR | O_CLOEXEC);
+  if (fresh >= 0) {
+    dup3(fresh, lock_fd_, O_CLOEXEC);
+    close(fresh);
+  } else {
+    close(lock_fd_);
+    lock_fd_ = -1;
+  }
+  identity_pid_ = 0;
+  me_ = Owner{};
+  stats_.held = false;
+  // my_nonce_ keeps the parent's nonce until we claim our own: the parent then counts as
+  // alive to us, never as a dead holder to reclaim from.
+}
+
+bool DeviceLease::Alive(const Owner& o) const {
+  if (o.empty()) return false;
+  if (o.nonce == my_nonce_.load()) return true;
+  if (o.slot < 0 || o.slot >= kMaxProcesses) return false;
+  if (shared_->slots[o.slot].nonce != o.nonce) return false;  // slot reused since: o is gone
+  struct flock fl = {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = kSlotLockBase + o.slot;
+  fl.l_len = 1;
+  if (lock_fd_ < 0 || fcntl(lock_fd_, F_OFD_GETLK, &fl) != 0) return true;  // can't tell
+  return fl.l_type != F_UNLCK;
+}
+
+// ----- acquire and release ----------------------------------------------------------------
+
 LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag) {
-  const Owner me = Self();
+  LeaseStatus status = ValidateTimeout(timeout_s);
+  if (!status.ok()) return status;
+  Owner me;
+  status = Identity(&me);
+  if (!status.ok()) return status;
   const int64_t start_mono = MonoNs();
   const int64_t request_wall = WallNs();
   const int64_t deadline = start_mono + static_cast<int64_t>(timeout_s * 1e9);
   SharedLease* s = shared_;
-  LeaseStatus status = Lock(/*check_liveness=*/false);
+  Locked locked(this);
+  status = locked.Lock(deadline);
   if (!status.ok()) return status;
-  if (s->holder == me) {
-    Unlock();
-    return LeaseStatus::Ok();
-  }
-  bool contended = false;
-  for (int64_t polls = 0;; ++polls) {
-    const bool first_in_line = s->num_waiters == 0 || s->waiters[0].who == me;
-    if (s->holder.pid == 0 && first_in_line) break;
-    if (!contended) {  // queue up once; FIFO order makes two contenders alternate
-      contended = true;
-      if (s->num_waiters >= kMaxWaiters) {
-        Unlock();
-        return LeaseStatus::Error(LeaseCode::kResourceExhausted,
-                                  "lease " + name_ + " has too many waiters");
-      }
-      s->waiters[s->num_waiters++] = Waiter{me, request_wall};
-    }
-    const int64_t now = MonoNs();
-    if (now >= deadline) {
-      int kept = 0;
-      for (int i = 0; i < s->num_waiters; ++i) {
-        if (!(s->waiters[i].who == me)) s->waiters[kept++] = s->waiters[i];
-      }
-      s->num_waiters = kept;
-      const int32_t holder = s->holder.pid;
-      const double held_s = holder ? (WallNs() - s->held_since_wall_ns) / 1e9 : 0.0;
-      Unlock();
-      std::ostringstream msg;
-      msg << "crossover lease " << name_ << ": acquire timed out after " << timeout_s << " s; ";
-      if (holder) {
-        msg << "held by pid " << holder << " for " << held_s << " s";
-      } else {
-        msg << "queued behind another waiting process";
-      }
-      msg << " (a peer job stuck or holding the device too long?)";
-      return LeaseStatus::Error(LeaseCode::kDeadlineExceeded, msg.str());
-    }
-    const uint32_t seq = s->wake_seq.load();
-    Unlock();
-    const int64_t wait_ns = std::min(kPollNs, deadline - now);
-    timespec ts{static_cast<time_t>(wait_ns / 1000000000), static_cast<long>(wait_ns % 1000000000)};
-    Futex(&s->wake_seq, FUTEX_WAIT, seq, &ts);
-    status = Lock(/*check_liveness=*/true);
-    if (!status.ok()) return status;
-  }
-  if (contended) {  // we are the queue head
-    std::copy(s->waiters + 1, s->waiters + s->num_waiters, s->waiters);
-    --s->num_waiters;
-  }
-  const bool handoff = s->last_holder.pid != 0 && !(s->last_holder == me);
+  bool contended = false, reentrant = false;
+  status = WaitForTurn(&locked, me, deadline, timeout_s, &contended, &reentrant);
+  if (!status.ok() || reentrant) return status;
+  const bool handoff = !s->last_holder.empty() && !(s->last_holder == me);
   s->holder = me;
   s->last_holder = me;
   s->held_since_wall_ns = WallNs();
   if (handoff) ++s->total_handoffs;
   const int64_t acquired_wall = s->held_since_wall_ns;
-  Unlock();
+  locked.Unlock();
+  RecordAcquired(request_wall, acquired_wall, start_mono, handoff, contended, tag);
+  return LeaseStatus::Ok();
+}
 
+// Returns with the mutex held once this thread may take the lease: it is free and nobody is
+// ahead in the queue. Each waiting thread has its own ticket and removes only that ticket.
+LeaseStatus DeviceLease::WaitForTurn(Locked* locked, const Owner& me, int64_t deadline,
+                                     double timeout_s, bool* contended, bool* reentrant) {
+  SharedLease* s = shared_;
+  uint64_t ticket = 0;
+  for (;;) {
+    if (s->holder == me) {  // held already, by this or another thread of this process
+      if (ticket) s->queue.Remove(ticket);
+      *reentrant = true;
+      return LeaseStatus::Ok();
+    }
+    const int position = ticket ? s->queue.Index(ticket) : -1;
+    const bool first = ticket ? position == 0 : s->queue.size == 0;
+    if (s->holder.empty() && first) {
+      if (ticket) s->queue.Remove(ticket);
+      return LeaseStatus::Ok();
+    }
+    if (ticket == 0 || position < 0) {  // queue up (again, if our entry was dropped)
+      if (ticket) locked->Warn("a waiter's queue entry of " + name_ + " vanished; requeueing");
+      ticket = ++s->next_ticket;
+      if (!s->queue.Push(Waiter{me, ticket, WallNs()})) {
+        return LeaseStatus::Error(
+            LeaseCode::kResourceExhausted,
+            "crossover lease " + name_ + " already has " + std::to_string(kMaxWaiters) +
+                " waiting threads, the most it queues; too many jobs or threads share "
+                "one device");
+      }
+      *contended = true;
+      continue;
+    }
+    const int64_t now = MonoNs();
+    if (now >= deadline) {
+      s->queue.Remove(ticket);
+      return TimeoutError(timeout_s, me);
+    }
+    const uint32_t seq = s->wake_seq.load();
+    locked->Unlock();
+    const timespec wait = ToTimespec(std::min(kPollNs, deadline - now));
+    Futex(&s->wake_seq, FUTEX_WAIT, seq, &wait);
+    LeaseStatus status = locked->Lock(deadline);
+    if (!status.ok()) return status;  // our entry stays until a repair drops it: we live on
+  }
+}
+
+LeaseStatus DeviceLease::TimeoutError(double timeout_s, const Owner& me) const {
+  const SharedLease* s = shared_;
+  std::ostringstream msg;
+  msg << "crossover lease " << name_ << ": acquire timed out after " << timeout_s << " s; ";
+  if (!s->holder.empty()) {
+    msg << "held by pid " << s->holder.pid;
+    if (s->holder.pid_ns != me.pid_ns) msg << " (of another PID namespace)";
+    msg << " for " << (WallNs() - s->held_since_wall_ns) / 1e9 << " s";
+  } else {
+    msg << "queued behind " << s->queue.size << " other waiting thread(s)";
+  }
+  msg << " (a peer job stuck or holding the device too long?)";
+  return LeaseStatus::Error(LeaseCode::kDeadlineExceeded, msg.str());
+}
+
+LeaseStatus DeviceLease::Release() {
+  Owner me;
+  LeaseStatus status = Identity(&me);
+  if (!status.ok()) return status;
+  SharedLease* s = shared_;
+  Locked locked(this);
+  status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
+  if (!status.ok()) return status;
+  if (!(s->holder == me)) return LeaseStatus::Ok();
+  s->holder = Owner{};
+  s->wake_seq.fetch_add(1);
+  const bool wake = s->queue.size > 0;
+  locked.Unlock();
+  if (wake) Futex(&s->wake_seq, FUTEX_WAKE, INT_MAX, nullptr);
+  RecordReleased();
+  return LeaseStatus::Ok();
+}
+
+LeaseStatus DeviceLease::ReleaseAfter(const std::function<LeaseStatus()>& drain) {
+  const LeaseStatus drained = drain();
+  const LeaseStatus released = Release();
+  return drained.ok() ? released : drained;
+}
+
+// ----- this process's statistics and timeline ---------------------------------------------
+
+void DeviceLease::RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,
+                                 bool handoff, bool contended, int64_t tag) {
   const int64_t acquired_mono = MonoNs();
-  std::lock_guard<std::mutex> stats_lock(local_mu_);
+  std::lock_guard<std::mutex> local(local_mu_);
   const double waited = (acquired_mono - start_mono) / 1e9;
   stats_.acquires++;
   stats_.handoffs += handoff;
@@ -407,56 +698,51 @@ LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag) {
   stats_.max_wait_s = std::max(stats_.max_wait_s, waited);
   stats_.held = true;
   held_since_mono_ns_ = acquired_mono;
-  LeaseEvent event{request_wall, acquired_wall, 0, tag};
+  const LeaseEvent event{request_wall, acquired_wall, 0, tag};
+  size_t at = next_event_;
   if (events_.size() < kTimelineCapacity) {
+    at = events_.size();
     events_.push_back(event);
-    next_event_ = events_.size() % kTimelineCapacity;
   } else {
-    events_[next_event_] = event;
-    next_event_ = (next_event_ + 1) % kTimelineCapacity;
+    events_[at] = event;
   }
-  return LeaseStatus::Ok();
+  last_event_ = at;
+  next_event_ = (at + 1) % kTimelineCapacity;
 }
 
-bool DeviceLease::Release() {
-  const Owner me = Self();
-  SharedLease* s = shared_;
-  if (!Lock(/*check_liveness=*/false).ok()) return false;
-  if (!(s->holder == me)) {
-    Unlock();
-    return false;
-  }
-  s->holder = Owner{0, 0};
-  const bool wake = s->num_waiters > 0;
-  s->wake_seq.fetch_add(1);
-  Unlock();
-  if (wake) Futex(&s->wake_seq, FUTEX_WAKE, INT_MAX, nullptr);
-
+void DeviceLease::RecordReleased() {
   const int64_t released_mono = MonoNs();
   const int64_t released_wall = WallNs();
-  std::lock_guard<std::mutex> stats_lock(local_mu_);
+  std::lock_guard<std::mutex> local(local_mu_);
   const double held = (released_mono - held_since_mono_ns_) / 1e9;
   stats_.hold_s += held;
   stats_.max_hold_s = std::max(stats_.max_hold_s, held);
   stats_.held = false;
-  if (!events_.empty()) {
-    const size_t last = (next_event_ + events_.size() - 1) % events_.size();
-    events_[last].released_ns = released_wall;
-  }
-  return true;
+  if (!events_.empty()) events_[last_event_].released_ns = released_wall;
 }
 
 LeaseStats DeviceLease::Stats() const {
-  std::lock_guard<std::mutex> stats_lock(local_mu_);
-  return stats_;
+  std::lock_guard<std::mutex> local(local_mu_);
+  LeaseStats stats = stats_;
+  stats.recoveries = recoveries_.load();
+  return stats;
 }
 
 std::vector<LeaseEvent> DeviceLease::Timeline() const {
-  std::lock_guard<std::mutex> stats_lock(local_mu_);
+  std::lock_guard<std::mutex> local(local_mu_);
   if (events_.size() < kTimelineCapacity) return events_;
   std::vector<LeaseEvent> ordered(events_.begin() + next_event_, events_.end());
   ordered.insert(ordered.end(), events_.begin(), events_.begin() + next_event_);
   return ordered;
 }
+
+// ----- test hooks -------------------------------------------------------------------------
+
+void LeaseTestHooks::LockInternal(DeviceLease& lease) {
+  pthread_mutex_lock(&lease.shared_->mu);
+  lease.shared_->locker_pid.store(getpid());
+}
+void LeaseTestHooks::SetInitDelayMs(int ms) { g_init_delay_ms.store(ms); }
+WaiterQueue& LeaseTestHooks::Queue(DeviceLease& lease) { return lease.shared_->queue; }
 
 }  // namespace crossover

@@ -1,23 +1,33 @@
-// Cross-process device lease: lets two training jobs on one host take turns on one device.
+// Cross-process device lease: lets training jobs on one host take turns on one device.
 //
 // The lease lives in a POSIX shared-memory segment named "/crossover.<group>.<device_key>" so
 // every process on the host that names the same group and device shares it. It is plain C++
-// (no TensorFlow), so it can be tested and reasoned about on its own; lease_ops.cc wraps it in
-// TF ops.
+// (no TensorFlow), so it can be tested on its own (device_lease_test.cc, lease_cli.cc);
+// lease_ops.cc wraps it in TF ops.
 //
-// Guarantees:
-//  * mutual exclusion between processes (a process-shared robust mutex guards the state);
-//  * FIFO hand-off: a process that releases and immediately re-acquires queues behind a peer
-//    that is already waiting, so two contending jobs alternate;
-//  * a dead holder or waiter (SIGKILL, crash) never blocks the others: liveness is checked
-//    against /proc (pid + start time, so a recycled pid is not mistaken for the holder);
-//  * acquire has a timeout and reports the group and the holder's pid;
-//  * a stale or corrupt segment left by a crashed run is repaired or recreated, never reused
-//    blindly.
+// Guarantees, and how each is kept:
+//  * Mutual exclusion: the state is guarded by a robust process-shared mutex, and the holder is
+//    recorded by an identity that no other process can share.
+//  * One segment per name: creating, validating and replacing a segment happen under flock() on
+//    the segment's inode, and a stale segment is unlinked only after checking that the name
+//    still refers to the inode we locked. Two starters can never end up on different segments.
+//  * Liveness that holds across PID namespaces (containers with a shared /dev/shm): each
+//    process owns a slot whose byte it locks with an open-file-description lock on the segment.
+//    The kernel drops that lock when the process dies, whatever namespace either side is in, so
+//    "dead" is never guessed from a pid that may belong to another namespace.
+//  * FIFO hand-off: every waiting thread has its own ticket in a queue; a process that releases
+//    and acquires again goes behind every waiting peer, so N contending jobs take turns.
+//  * Bounded waits: acquire has a timeout, and so does the wait for the internal mutex (a
+//    process stopped inside it, e.g. Ctrl-Z, gives a clear error, not a hang).
+//  * fork(): a child never inherits its parent's hold; it gets its own identity on first use.
 #ifndef CROSSOVER_TF_OPS_DEVICE_LEASE_H_
 #define CROSSOVER_TF_OPS_DEVICE_LEASE_H_
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,7 +35,14 @@
 
 namespace crossover {
 
-enum class LeaseCode { kOk, kInvalidArgument, kDeadlineExceeded, kResourceExhausted, kInternal };
+enum class LeaseCode {
+  kOk,
+  kInvalidArgument,
+  kDeadlineExceeded,
+  kResourceExhausted,
+  kPermissionDenied,
+  kInternal,
+};
 
 struct LeaseStatus {
   LeaseCode code = LeaseCode::kOk;
@@ -35,7 +52,15 @@ struct LeaseStatus {
   static LeaseStatus Error(LeaseCode code, std::string message) { return {code, std::move(message)}; }
 };
 
+// Limits, one source for C++ (the Python side mirrors the name limits in segments.py).
+constexpr size_t kMaxGroupLen = 64;
+constexpr size_t kMaxDeviceKeyLen = 32;
+constexpr int kMaxWaiters = 64;     // waiting threads, all processes together
+constexpr int kMaxProcesses = 64;   // processes that have one lease open at once
+constexpr double kMaxTimeoutS = 30.0 * 24 * 3600;  // acquire timeouts above this are refused
+
 // Statistics of this process's use of one lease (cumulative since the lease was opened).
+// kLeaseStatsFields names the fields in the order the stats op returns them.
 struct LeaseStats {
   uint64_t acquires = 0;            // successful acquisitions (not counting re-entrant no-ops)
   uint64_t handoffs = 0;            // acquisitions where the previous holder was another process
@@ -44,7 +69,9 @@ struct LeaseStats {
   double wait_s = 0, hold_s = 0;    // total time waiting for / holding the lease
   double max_wait_s = 0, max_hold_s = 0;
   bool held = false;                // this process holds the lease right now
+  std::vector<double> Values() const;
 };
+extern const char* const kLeaseStatsFields[9];
 
 // One acquire/release cycle; wall-clock (CLOCK_REALTIME) nanoseconds so the timelines of two
 // processes on the same host line up.
@@ -53,48 +80,108 @@ struct LeaseEvent {
   int64_t tag = 0;                                           // caller's label (e.g. phase)
 };
 
+// Who holds or waits: a slot (whose lock byte proves liveness) plus a nonce that makes the
+// identity unique even after the slot is reused. pid and pid namespace are for messages only.
+struct Owner {
+  uint64_t nonce = 0;  // 0: nobody
+  int32_t slot = -1;
+  int32_t pid = 0;
+  uint64_t pid_ns = 0;
+  bool operator==(const Owner& o) const { return nonce == o.nonce; }
+  bool empty() const { return nonce == 0; }
+};
+
+struct Waiter {
+  Owner who;
+  uint64_t ticket = 0;
+  int64_t since_wall_ns = 0;
+};
+
+// The FIFO of waiting threads. It lives in shared memory and may be left half-updated by a
+// process that died inside the critical section, so Repair() must restore a valid queue from
+// any contents.
+struct WaiterQueue {
+  int32_t size;
+  Waiter entries[kMaxWaiters];
+
+  bool Push(const Waiter& w);           // false when full
+  bool Remove(uint64_t ticket);         // removes only that ticket; false if absent
+  int Index(uint64_t ticket) const;     // -1 if absent
+  // Clamps the size, drops entries of dead owners and duplicate tickets; returns how many
+  // entries it dropped.
+  int Repair(const std::function<bool(const Owner&)>& alive);
+};
+
 struct SharedLease;  // layout in shared memory; defined in device_lease.cc
 
 class DeviceLease {
  public:
   // Returns the process-wide lease for (group, device_key), opening or creating the segment.
-  // Names may use [A-Za-z0-9_-], group up to 64 chars, device_key up to 32.
+  // Names may use [A-Za-z0-9_-], group up to kMaxGroupLen chars, device_key up to
+  // kMaxDeviceKeyLen.
   static LeaseStatus Get(const std::string& group, const std::string& device_key,
                          std::shared_ptr<DeviceLease>* out);
+  static LeaseStatus ValidateName(const std::string& group, const std::string& device_key);
+  static LeaseStatus ValidateTimeout(double timeout_s);
 
   // Blocks until this process holds the lease, or timeout_s elapses (kDeadlineExceeded).
   // Holding it already is a no-op.
   LeaseStatus Acquire(double timeout_s, int64_t tag);
-  // Releases the lease if this process holds it; returns whether it did.
-  bool Release();
+  // Releases the lease if this process holds it (a no-op otherwise). Fails only if the
+  // internal lock stays taken by another process (stopped or wedged) for seconds.
+  LeaseStatus Release();
+  // Runs drain (e.g. wait for the device's stream), then releases whatever drain returned:
+  // the lease is given up on every path and drain's error is the one reported.
+  LeaseStatus ReleaseAfter(const std::function<LeaseStatus()>& drain);
 
   LeaseStats Stats() const;
   std::vector<LeaseEvent> Timeline() const;
   const std::string& name() const { return name_; }
-
-  // Removes the segment name (processes that have it mapped keep working). For launchers.
-  static LeaseStatus Unlink(const std::string& group, const std::string& device_key);
-  static LeaseStatus ValidateName(const std::string& group, const std::string& device_key);
 
   DeviceLease(const DeviceLease&) = delete;
   DeviceLease& operator=(const DeviceLease&) = delete;
   ~DeviceLease();
 
  private:
-  DeviceLease(std::string name, SharedLease* shared);
-  // Takes the shared mutex, repairing state a crashed process left. check_liveness also drops
-  // a dead holder and dead waiters (reads /proc, so the uncontended fast path skips it).
-  LeaseStatus Lock(bool check_liveness);
-  void Unlock();
-  void RepairLocked(bool check_liveness);
+  class Locked;
+  friend struct LeaseTestHooks;
+  friend struct ForkHandlers;
+  DeviceLease(std::string name, int fd, SharedLease* shared);
+
+  // This process's identity, claimed on first use and again after fork().
+  LeaseStatus Identity(Owner* me);
+  LeaseStatus ClaimSlotLocked();
+  void ForgetIdentityAfterForkLocked();
+  bool Alive(const Owner& o) const;
+  LeaseStatus WaitForTurn(Locked* locked, const Owner& me, int64_t deadline, double timeout_s,
+                          bool* contended, bool* reentrant);
+  LeaseStatus TimeoutError(double timeout_s, const Owner& me) const;
+  void RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,
+                      bool handoff, bool contended, int64_t tag);
+  void RecordReleased();
 
   const std::string name_;
   SharedLease* const shared_;
-  mutable std::mutex local_mu_;  // serialises this process's threads and guards stats_/events_
+  std::atomic<uint64_t> my_nonce_{0};    // read lock-free by liveness checks
+  std::atomic<uint64_t> recoveries_{0};  // repairs this process made
+  mutable std::mutex local_mu_;  // guards what follows; never held while waiting for the lease
+  int lock_fd_;                  // the segment, O_CLOEXEC; carries this process's slot lock
+  pid_t identity_pid_ = 0;       // the process that claimed me_ (differs after fork)
+  Owner me_;
   LeaseStats stats_;
   std::vector<LeaseEvent> events_;  // ring buffer
-  size_t next_event_ = 0;
+  size_t next_event_ = 0, last_event_ = 0;
   int64_t held_since_mono_ns_ = 0;
+};
+
+// Hooks for device_lease_test.cc only: they let a test create the rare states (a process
+// stopped or dead inside the critical section, a creator that stalls) that it must survive.
+struct LeaseTestHooks {
+  // Takes the lease's internal mutex and never releases it (the caller then stops or exits).
+  static void LockInternal(DeviceLease& lease);
+  // Makes segment creation pause this long between sizing and initialising the segment.
+  static void SetInitDelayMs(int ms);
+  static WaiterQueue& Queue(DeviceLease& lease);
 };
 
 }  // namespace crossover

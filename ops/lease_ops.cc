@@ -35,6 +35,8 @@ absl::Status ToTf(const LeaseStatus& s) {
       return absl::DeadlineExceededError(s.message);
     case LeaseCode::kResourceExhausted:
       return absl::ResourceExhaustedError(s.message);
+    case LeaseCode::kPermissionDenied:
+      return absl::PermissionDeniedError(s.message);
     case LeaseCode::kInternal:
       break;
   }
@@ -69,8 +71,7 @@ class AcquireLeaseOp : public LeaseKernel {
   explicit AcquireLeaseOp(OpKernelConstruction* ctx) : LeaseKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_s_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tag", &tag_));
-    OP_REQUIRES(ctx, timeout_s_ > 0,
-                absl::InvalidArgumentError("timeout_seconds must be positive"));
+    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidateTimeout(timeout_s_)));
   }
   void Compute(OpKernelContext* ctx) override {
     OP_REQUIRES_OK(ctx, ToTf(lease_->Acquire(timeout_s_, tag_)));
@@ -84,16 +85,23 @@ class AcquireLeaseOp : public LeaseKernel {
 
 // kWaitForStream: on GPU, kernels are only enqueued when an op "finishes"; releasing the lease
 // then would let the peer start while our kernels still run, so block on the stream first.
+// The lease is released even when that wait fails, and the wait's error is the one reported.
 template <bool kWaitForStream>
 class YieldLeaseOp : public LeaseKernel {
  public:
   using LeaseKernel::LeaseKernel;
   void Compute(OpKernelContext* ctx) override {
-    if (kWaitForStream && ctx->op_device_context() != nullptr &&
-        ctx->op_device_context()->stream() != nullptr) {
-      OP_REQUIRES_OK(ctx, ctx->op_device_context()->stream()->BlockHostUntilDone());
-    }
-    lease_->Release();
+    OP_REQUIRES_OK(ctx, ToTf(lease_->ReleaseAfter([ctx]() -> LeaseStatus {
+      if (!kWaitForStream || ctx->op_device_context() == nullptr ||
+          ctx->op_device_context()->stream() == nullptr) {
+        return LeaseStatus::Ok();
+      }
+      const absl::Status waited = ctx->op_device_context()->stream()->BlockHostUntilDone();
+      if (waited.ok()) return LeaseStatus::Ok();
+      return LeaseStatus::Error(LeaseCode::kInternal,
+                                "waiting for the device stream before yielding the lease: " +
+                                    std::string(waited.message()));
+    })));
     ForwardInputs(ctx);
   }
 };
@@ -102,16 +110,16 @@ class LeaseStatsOp : public LeaseKernel {
  public:
   using LeaseKernel::LeaseKernel;
   void Compute(OpKernelContext* ctx) override {
-    const LeaseStats s = lease_->Stats();
-    const double values[] = {static_cast<double>(s.acquires),  static_cast<double>(s.handoffs),
-                             static_cast<double>(s.contended), static_cast<double>(s.recoveries),
-                             s.wait_s, s.hold_s, s.max_wait_s, s.max_hold_s,
-                             s.held ? 1.0 : 0.0};
-    constexpr int64_t n = sizeof(values) / sizeof(values[0]);
+    const std::vector<double> values = lease_->Stats().Values();
+    const int64_t n = static_cast<int64_t>(values.size());
     Tensor* out = nullptr;
+    Tensor* names = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
-    auto flat = out->flat<double>();
-    for (int64_t i = 0; i < n; ++i) flat(i) = values[i];
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &names));
+    for (int64_t i = 0; i < n; ++i) {
+      out->flat<double>()(i) = values[i];
+      names->flat<tensorflow::tstring>()(i) = kLeaseStatsFields[i];
+    }
   }
 };
 
@@ -166,16 +174,19 @@ has drained; passes the inputs through. A waiting peer gets the device next.
 
 REGISTER_OP("CrossoverLeaseStats")
     .Output("stats: float64")
+    .Output("names: string")
     .Attr("group: string")
     .Attr("device_key: string")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(9));
+      constexpr int64_t n = sizeof(kLeaseStatsFields) / sizeof(kLeaseStatsFields[0]);
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Vector(n));
       return absl::OkStatus();
     })
     .Doc(R"doc(
-This process's lease statistics: [acquires, handoffs, contended, recoveries, wait_s, hold_s,
-max_wait_s, max_hold_s, held].
+This process's lease statistics and, in the same order, their names (acquires, handoffs,
+contended, recoveries, wait_s, hold_s, max_wait_s, max_hold_s, held).
 )doc");
 
 REGISTER_OP("CrossoverLeaseTimeline")

@@ -5,7 +5,8 @@ Modes (argv[1]):
                                    acquire/hold/release N times, write intervals to OUT (JSON);
                                    BARRIER (DIR:COUNT) lines contenders up before the first cycle
   hold GROUP KEY READY_FILE        acquire, touch READY_FILE, then sleep until killed
-  acquire GROUP KEY TIMEOUT OUT    one acquire; write the wall time it succeeded (or the error)
+  acquire GROUP KEY TIMEOUT OUT    one acquire; write the wall time it succeeded (or the error);
+                                   OUT with suffix .started is written just before it
   exit_holding GROUP KEY           acquire and exit without releasing
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> int:
         time.sleep(120)
     elif mode == "acquire":
         out = pathlib.Path(argv[5])
+        out.with_suffix(".started").write_text(str(time.time_ns()))  # TF loaded: about to queue
         try:
             lease.acquire()
             out.write_text(json.dumps({"acquired_ns": time.time_ns(),

@@ -94,12 +94,53 @@ class LeaseOpTest(tf.test.TestCase):
         lease_lib.unlink("stalegrp", "cpu0")
         path = segments.segment_path("stalegrp", "cpu0")
         path.write_bytes(b"garbage from an older, crashed run")
+        path.chmod(0o600)  # ours, private: replaceable (a readable one is refused, below)
         stale = lease_lib.DeviceLease("stalegrp", "cpu0")
         stale.acquire()
         stale.release()
         self.assertEqual(stale.stats().acquires, 1)
         self.assertGreater(path.stat().st_size, 64)
         lease_lib.unlink("stalegrp", "cpu0")
+
+
+    def test_names_with_trailing_newline_rejected(self):
+        for bad in ("grp\n", "grp\n\n", "\ngrp"):
+            with self.assertRaisesRegex(ValueError, "invalid"):
+                lease_lib.DeviceLease(bad, "cpu0")
+            with self.assertRaisesRegex(ValueError, "invalid"):
+                lease_lib.DeviceLease("grp", f"cpu0{bad}")
+
+    def test_unbounded_timeouts_rejected_clearly(self):
+        for bad in (float("inf"), float("nan"), 1e10, -1.0, 0):
+            with self.assertRaisesRegex(ValueError, "timeout must be a number of seconds"):
+                lease_lib.DeviceLease(self.group, "cpu0", timeout_s=bad)
+        ops = lease_lib.load_library()
+        for bad in (float("inf"), 1e10):
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "timeout"):
+                ops.crossover_acquire_lease([], group=self.group, device_key="cpu0",
+                                            timeout_seconds=bad)
+        self.assertEqual(lease_lib.DeviceLease(self.group, "cpu0", 2.5e6).timeout_s, 2.5e6)
+
+    def test_segment_readable_by_others_is_refused_not_deleted(self):
+        path = segments.segment_path("opengrp", "cpu0")
+        path.unlink(missing_ok=True)
+        path.write_bytes(b"x")
+        path.chmod(0o644)
+        try:
+            with self.assertRaisesRegex(tf.errors.PermissionDeniedError, "permissions 0644"):
+                lease_lib.DeviceLease("opengrp", "cpu0").acquire()
+            self.assertTrue(path.exists())
+        finally:
+            path.unlink(missing_ok=True)
+
+    def test_stats_fields_come_from_the_op(self):
+        self.lease.acquire()
+        stats = self.lease.stats()
+        self.assertTrue(stats.held)
+        self.assertIsInstance(stats.acquires, int)
+        self.assertEqual(stats.acquires, 1)
+        with self.assertRaisesRegex(RuntimeError, "rebuild the op library"):
+            lease_lib.LeaseStats.from_op(np.zeros(2), ["acquires", "bogus"])
 
 
 def _spawn(child_env, *args: str) -> subprocess.Popen:
@@ -151,7 +192,8 @@ def test_sigkilled_holder_does_not_block_peer(tmp_path, lease_group, child_env):
     try:
         _wait_for(ready, 60)
         waiter = _spawn(child_env, "acquire", lease_group, "cpu0", "30", str(result))
-        time.sleep(3.0)   # let the waiter import TF and queue up behind the holder
+        _wait_for(result.with_suffix(".started"), 60)   # TF imported, about to queue
+        time.sleep(0.5)
         assert not result.exists(), "waiter acquired while the holder was alive"
         killed_ns = time.time_ns()
         holder.send_signal(signal.SIGKILL)   # not reaped yet: a zombie must count as dead

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import pathlib
 from typing import Any
@@ -29,8 +30,18 @@ TAG_COMPUTE = 1
 TAG_APPLY = 2
 TAG_OTHER = 0
 
-_STATS_FIELDS = ("acquires", "handoffs", "contended", "recoveries", "wait_s", "hold_s",
-                 "max_wait_s", "max_hold_s", "held")
+# The C++ core's bound (kMaxTimeoutS): a finite timeout turns a stuck peer into an error.
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+
+
+def validate_timeout(timeout_s: float) -> float:
+    """Checks an acquire timeout early, with the same rule as the C++ side."""
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s)
+            and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise ValueError(f"crossover lease timeout must be a number of seconds in "
+                         f"(0, {MAX_TIMEOUT_S:.0f}], got {timeout_s!r} (a finite bound turns a "
+                         "stuck peer into an error instead of a hang)")
+    return float(timeout_s)
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,6 +88,16 @@ class LeaseStats:
     max_hold_s: float
     held: bool
 
+    @classmethod
+    def from_op(cls, values: np.ndarray, names: list[str]) -> "LeaseStats":
+        """Builds the record from the stats op, whose field names come from the C++ core."""
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        if sorted(names) != sorted(fields):
+            raise RuntimeError(f"lease op library reports stats {names}, this module expects "
+                               f"{sorted(fields)}: rebuild the op library (make -C ops)")
+        cast = {"int": int, "float": float, "bool": bool}
+        return cls(**{n: cast[fields[n]](v) for n, v in zip(names, values)})
+
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in dataclasses.asdict(self).items()}
 
@@ -91,9 +112,7 @@ class DeviceLease:
     def __init__(self, group: str, device_key: str, timeout_s: float = 600.0):
         self.group = validate_name("group", group, segments.GROUP_MAX_LEN)
         self.device_key = validate_name("device key", device_key, segments.DEVICE_KEY_MAX_LEN)
-        if not timeout_s > 0:
-            raise ValueError(f"lease timeout must be positive, got {timeout_s}")
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = validate_timeout(timeout_s)
         self._ops = load_library()
 
     def __repr__(self) -> str:
@@ -104,6 +123,10 @@ class DeviceLease:
                                   timeout_seconds=self.timeout_s, tag=tag)
 
     def release(self, tensors: Any = ()) -> Any:
+        if not tf.nest.flatten(tensors):
+            # Nothing to wait for: the host kernel, not a GPU one that would drain a stream.
+            with tf.device("/CPU:0"):
+                return self._pass_through(self._ops.crossover_yield_lease, tensors)
         return self._pass_through(self._ops.crossover_yield_lease, tensors)
 
     def _pass_through(self, op: Any, tensors: Any, **attrs: Any) -> Any:
@@ -114,10 +137,9 @@ class DeviceLease:
         return tf.nest.pack_sequence_as(tensors, out)
 
     def stats(self) -> LeaseStats:
-        values = self._ops.crossover_lease_stats(group=self.group, device_key=self.device_key)
-        v = np.asarray(values)
-        return LeaseStats(int(v[0]), int(v[1]), int(v[2]), int(v[3]), float(v[4]), float(v[5]),
-                          float(v[6]), float(v[7]), bool(v[8]))
+        values, names = self._ops.crossover_lease_stats(group=self.group,
+                                                        device_key=self.device_key)
+        return LeaseStats.from_op(np.asarray(values), [n.decode() for n in np.asarray(names)])
 
     def timeline(self) -> np.ndarray:
         """[n, 4] int64: request_ns, acquired_ns, released_ns (0 = held), tag; wall clock."""

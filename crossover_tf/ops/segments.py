@@ -11,13 +11,13 @@ from typing import Iterable
 
 SHM_DIR = pathlib.Path("/dev/shm")
 GROUP_MAX_LEN, DEVICE_KEY_MAX_LEN = 64, 32
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")  # whole name: fullmatch, so no "\n" slips past $
 _MAX_SEGMENTS = 1000  # bound on how many segments one cleanup touches
 
 
 def validate_name(kind: str, value: str, max_len: int) -> str:
     """Checks a group or device key early, with the same rule as the C++ side."""
-    if not isinstance(value, str) or not _NAME_RE.match(value) or len(value) > max_len:
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or len(value) > max_len:
         raise ValueError(f"crossover lease {kind} {value!r} is invalid: use 1-{max_len} "
                          "characters from [A-Za-z0-9_-]")
     return value

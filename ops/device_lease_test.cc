@@ -1,0 +1,389 @@
+// Tests of the lease core on its own (no TensorFlow): the states that are rare in real runs
+// (a process dead or stopped inside the critical section, a creator that stalls, a queue left
+// half-shifted) are made on purpose, in real processes.
+//
+//   device_lease_test            runs every test
+//   device_lease_test NAME ...   runs the named tests;  --list prints the names
+#include "device_lease.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace crossover {
+namespace {
+
+struct Failure {
+  std::string what;
+};
+
+#define EXPECT(cond, msg)                                                                 \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      std::ostringstream _m;                                                              \
+      _m << __LINE__ << ": " #cond ": " << msg;                                           \
+      throw Failure{_m.str()};                                                            \
+    }                                                                                     \
+  } while (0)
+
+double MonoS() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+// A group of our own for each test; its segment is removed when the test ends.
+struct TestGroup {
+  std::string group, key = "dev";
+  explicit TestGroup(const std::string& test) {
+    group = "ut" + std::to_string(getpid()) + "-" + test;
+    shm_unlink(Name().c_str());
+  }
+  ~TestGroup() { shm_unlink(Name().c_str()); }
+  std::string Name() const { return "/crossover." + group + "." + key; }
+  std::string Path() const { return "/dev/shm" + Name(); }
+  std::shared_ptr<DeviceLease> Open() const {
+    std::shared_ptr<DeviceLease> lease;
+    const LeaseStatus status = DeviceLease::Get(group, key, &lease);
+    EXPECT(status.ok(), status.message);
+    return lease;
+  }
+};
+
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Runs body in a forked child; returns its exit code (or 128 + signal).
+int InChild(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// A child that holds the lease until told to let go (or until its 30 s bound).
+struct HolderChild {
+  pid_t pid = -1;
+  int to_child[2], from_child[2];
+  explicit HolderChild(const TestGroup& g) {
+    EXPECT(pipe(to_child) == 0 && pipe(from_child) == 0, "pipe");
+    pid = fork();
+    if (pid == 0) {
+      auto lease = g.Open();
+      if (!lease->Acquire(10, 0).ok()) _exit(1);
+      char byte = 'h';
+      if (write(from_child[1], &byte, 1) != 1) _exit(1);
+      alarm(30);
+      if (read(to_child[0], &byte, 1) != 1) _exit(1);
+      lease->Release();
+      _exit(0);
+    }
+    char byte;
+    EXPECT(read(from_child[0], &byte, 1) == 1, "holder did not start");
+  }
+  int LetGo() {
+    char byte = 'g';
+    EXPECT(write(to_child[1], &byte, 1) == 1, "pipe");
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~HolderChild() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) close(fd);
+  }
+};
+
+// ----- tests ------------------------------------------------------------------------------
+
+void TestValidation() {
+  EXPECT(DeviceLease::ValidateName("g_1-A", "gpu0").ok(), "valid names rejected");
+  for (const std::string& bad : std::vector<std::string>{"", "a b", "x/y", "nl\n", std::string(kMaxGroupLen + 1, 'a')}) {
+    const LeaseStatus s = DeviceLease::ValidateName(bad, "gpu0");
+    EXPECT(s.code == LeaseCode::kInvalidArgument, "group '" << bad << "' accepted");
+  }
+  EXPECT(!DeviceLease::ValidateName("g", std::string(kMaxDeviceKeyLen + 1, 'k')).ok(), "long key");
+  EXPECT(DeviceLease::ValidateTimeout(600).ok(), "600 s rejected");
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double bad : {0.0, -1.0, inf, std::nan(""), 1e10}) {
+    const LeaseStatus s = DeviceLease::ValidateTimeout(bad);
+    EXPECT(s.code == LeaseCode::kInvalidArgument && Contains(s.message, "timeout"),
+           bad << " accepted: " << s.message);
+  }
+  TestGroup g("validation");
+  const LeaseStatus s = g.Open()->Acquire(inf, 0);
+  EXPECT(s.code == LeaseCode::kInvalidArgument, "Acquire(inf) did not fail cleanly");
+}
+
+Waiter W(uint64_t nonce, uint64_t ticket) {
+  Waiter w;
+  w.who.nonce = nonce;
+  w.ticket = ticket;
+  return w;
+}
+
+void TestQueueRepair() {
+  WaiterQueue q{};
+  for (uint64_t t = 1; t <= 3; ++t) EXPECT(q.Push(W(10 + t, t)), "push");
+  EXPECT(q.Index(2) == 1 && q.Remove(2) && q.Index(2) == -1 && q.size == 2, "remove own only");
+  EXPECT(!q.Remove(2), "removed twice");
+  auto all_alive = [](const Owner&) { return true; };
+  // What a crash leaves in the middle of removing the head of [A, B, C]: B copied over A and
+  // C over B, but the size not yet decremented: [B, C, C]. Or only the first copy: [B, B, C].
+  for (std::vector<uint64_t> left : {std::vector<uint64_t>{2, 3, 3}, {2, 2, 3}}) {
+    WaiterQueue half{};
+    half.size = 3;
+    for (int i = 0; i < 3; ++i) half.entries[i] = W(10 + left[i], left[i]);
+    EXPECT(half.Repair(all_alive) == 1, "one duplicate expected");
+    EXPECT(half.size == 2 && half.entries[0].ticket == 2 && half.entries[1].ticket == 3,
+           "repaired queue is not [B, C]");
+  }
+  WaiterQueue dead{};
+  dead.Push(W(1, 1));
+  dead.Push(W(2, 2));
+  EXPECT(dead.Repair([](const Owner& o) { return o.nonce != 1; }) == 1, "dead entry kept");
+  EXPECT(dead.size == 1 && dead.entries[0].ticket == 2, "wrong survivor");
+  WaiterQueue garbage{};
+  garbage.size = 1000;
+  garbage.Repair(all_alive);
+  EXPECT(garbage.size == 0, "impossible size not repaired");
+  WaiterQueue full{};
+  for (int i = 0; i < kMaxWaiters; ++i) EXPECT(full.Push(W(1, i + 1)), "push");
+  EXPECT(!full.Push(W(1, 999)), "pushed past capacity");
+}
+
+void TestReentrantAndStats() {
+  TestGroup g("reentrant");
+  auto lease = g.Open();
+  EXPECT(lease->Acquire(1, 7).ok() && lease->Acquire(1, 7).ok(), "acquire");
+  EXPECT(lease->Stats().acquires == 1 && lease->Stats().held, "re-entrant acquire counted");
+  EXPECT(lease->Release().ok() && lease->Release().ok(), "release");
+  const LeaseStats s = lease->Stats();
+  EXPECT(!s.held && s.Values().size() == sizeof(kLeaseStatsFields) / sizeof(char*), "stats");
+  const std::vector<LeaseEvent> events = lease->Timeline();
+  EXPECT(events.size() == 1 && events[0].tag == 7 && events[0].released_ns >= events[0].acquired_ns,
+         "timeline");
+}
+
+void TestFailedDrainStillReleases() {
+  TestGroup g("drain");
+  auto lease = g.Open();
+  EXPECT(lease->Acquire(1, 0).ok(), "acquire");
+  const LeaseStatus s = lease->ReleaseAfter(
+      [] { return LeaseStatus::Error(LeaseCode::kInternal, "stream failed"); });
+  EXPECT(s.code == LeaseCode::kInternal && s.message == "stream failed", "drain error lost");
+  EXPECT(!lease->Stats().held, "still held after a failed drain");
+  EXPECT(InChild([&] { return g.Open()->Acquire(0.5, 0).ok() ? 0 : 1; }) == 0,
+         "a peer could not acquire after the failed drain");
+}
+
+void TestForeignOrOpenSegmentRefused() {
+  TestGroup g("owner");
+  int fd = open(g.Path().c_str(), O_CREAT | O_RDWR, 0600);
+  fchmod(fd, 0644);
+  close(fd);
+  std::shared_ptr<DeviceLease> lease;
+  LeaseStatus s = DeviceLease::Get(g.group, g.key, &lease);
+  EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "0644"), s.message);
+  struct stat st;
+  EXPECT(stat(g.Path().c_str(), &st) == 0, "a refused segment must not be deleted");
+  if (geteuid() == 0) {
+    chmod(g.Path().c_str(), 0600);
+    EXPECT(chown(g.Path().c_str(), 65534, 65534) == 0, "chown");
+    s = DeviceLease::Get(g.group, g.key, &lease);
+    EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "uid 65534"), s.message);
+  }
+}
+
+// A process stopped (Ctrl-Z) inside the critical section: acquire must fail within its timeout
+// with a message that names the process, and work again once that process is gone.
+void TestStoppedInsideCriticalSection() {
+  TestGroup g("stopped");
+  auto lease = g.Open();
+  const pid_t child = fork();
+  if (child == 0) {
+    auto mine = g.Open();
+    LeaseTestHooks::LockInternal(*mine);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, WUNTRACED);
+  EXPECT(WIFSTOPPED(status), "child did not stop");
+  const double start = MonoS();
+  const LeaseStatus s = lease->Acquire(1.0, 0);
+  const double took = MonoS() - start;
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT(s.code == LeaseCode::kDeadlineExceeded && Contains(s.message, "internal lock") &&
+             Contains(s.message, std::to_string(child)),
+         s.message);
+  EXPECT(took < 3.0, "took " << took << " s");
+  const uint64_t before = lease->Stats().recoveries;
+  EXPECT(lease->Acquire(2.0, 0).ok(), "lease unusable after the stopped process died");
+  EXPECT(lease->Stats().recoveries > before, "the owner-died repair did not run");
+  lease->Release();
+}
+
+// A creator that stalls between sizing and initialising the segment: a second starter must
+// wait for it and use the same segment, never replace it.
+void TestStalledCreatorIsWaitedFor() {
+  TestGroup g("stall");
+  struct Shared {
+    std::atomic<int> inside, overlaps, done;
+  };
+  auto* shared = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
+                                           MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (shared) Shared{};
+  auto cycle = [&](double hold_s) {
+    auto lease = g.Open();
+    for (int i = 0; i < 5; ++i) {
+      if (!lease->Acquire(10, 0).ok()) return 1;
+      if (shared->inside.fetch_add(1) != 0) shared->overlaps++;
+      usleep(static_cast<useconds_t>(hold_s * 1e6));
+      shared->inside.fetch_sub(1);
+      lease->Release();
+    }
+    return 0;
+  };
+  const pid_t creator = fork();
+  if (creator == 0) {
+    LeaseTestHooks::SetInitDelayMs(1500);
+    _exit(cycle(0.05));
+  }
+  usleep(200000);  // the creator is now inside its 1.5 s stall
+  const int mine = cycle(0.05);
+  int status = 0;
+  waitpid(creator, &status, 0);
+  EXPECT(mine == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "a starter failed");
+  EXPECT(shared->overlaps.load() == 0, shared->overlaps.load() << " overlaps: two segments");
+  munmap(shared, sizeof(Shared));
+}
+
+// A process that dies inside the critical section leaves the robust mutex owner-dead; the
+// next locker repairs and carries on.
+void TestDeathInsideCriticalSection() {
+  TestGroup g("ownerdead");
+  auto lease = g.Open();
+  EXPECT(InChild([&] {
+           auto mine = g.Open();
+           LeaseTestHooks::LockInternal(*mine);
+           WaiterQueue& q = LeaseTestHooks::Queue(*mine);
+           q.size = 2;  // a half-done update: a duplicate, dead entry
+           q.entries[0] = q.entries[1] = W(12345, 1);
+           return 0;
+         }) == 0,
+         "child");
+  const uint64_t before = lease->Stats().recoveries;
+  EXPECT(lease->Acquire(2.0, 0).ok(), "acquire after a death inside the critical section");
+  EXPECT(lease->Stats().recoveries > before, "no repair counted");
+  EXPECT(LeaseTestHooks::Queue(*lease).size == 0, "dead entries left in the queue");
+  lease->Release();
+}
+
+// Past kMaxWaiters waiting threads, a further waiter gets a clear error at once.
+void TestFullQueueIsAClearError() {
+  TestGroup g("full");
+  auto lease = g.Open();
+  HolderChild holder(g);
+  std::vector<std::thread> waiters;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < kMaxWaiters; ++i) {
+    waiters.emplace_back([&] { ok += lease->Acquire(20, 0).ok(); });
+  }
+  for (int i = 0; i < 200 && LeaseTestHooks::Queue(*lease).size < kMaxWaiters; ++i) {
+    usleep(10000);
+  }
+  EXPECT(LeaseTestHooks::Queue(*lease).size == kMaxWaiters, "waiters did not queue");
+  const double start = MonoS();
+  const LeaseStatus s = lease->Acquire(5, 0);
+  EXPECT(s.code == LeaseCode::kResourceExhausted && Contains(s.message, "waiting threads"),
+         s.message);
+  EXPECT(MonoS() - start < 1.0, "the error was not immediate");
+  EXPECT(holder.LetGo() == 0, "holder");
+  for (auto& t : waiters) t.join();
+  EXPECT(ok.load() == kMaxWaiters, "queued waiters did not all get the device");
+  lease->Release();
+}
+
+// Processes forked from one parent must get distinct identities, or each would take the
+// other's hold for its own (re-entrant) and both would be on the device.
+void TestForkedProcessesHaveDistinctIdentities() {
+  TestGroup warm("warm"), g("forked");
+  warm.Open()->Acquire(1, 0);  // the parent has drawn an identity before forking
+  HolderChild holder(g);       // child's first identity on g is drawn after the fork
+  const LeaseStatus s = g.Open()->Acquire(0.3, 0);
+  EXPECT(s.code == LeaseCode::kDeadlineExceeded, "parent entered while its child held: "
+                                                     << s.message);
+  EXPECT(holder.LetGo() == 0, "holder");
+}
+
+struct Test {
+  const char* name;
+  void (*fn)();
+};
+const Test kTests[] = {
+    {"validation", TestValidation},
+    {"queue_repair", TestQueueRepair},
+    {"reentrant_and_stats", TestReentrantAndStats},
+    {"failed_drain_still_releases", TestFailedDrainStillReleases},
+    {"foreign_or_open_segment_refused", TestForeignOrOpenSegmentRefused},
+    {"stopped_inside_critical_section", TestStoppedInsideCriticalSection},
+    {"stalled_creator_is_waited_for", TestStalledCreatorIsWaitedFor},
+    {"death_inside_critical_section", TestDeathInsideCriticalSection},
+    {"full_queue_is_a_clear_error", TestFullQueueIsAClearError},
+    {"forked_processes_have_distinct_identities", TestForkedProcessesHaveDistinctIdentities},
+};
+
+}  // namespace
+}  // namespace crossover
+
+int main(int argc, char** argv) {
+  using crossover::kTests;
+  std::vector<std::string> wanted(argv + 1, argv + argc);
+  if (wanted.size() == 1 && wanted[0] == "--list") {
+    for (const auto& t : kTests) printf("%s\n", t.name);
+    return 0;
+  }
+  int passed = 0, failed = 0;
+  for (const auto& t : kTests) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), t.name) == wanted.end()) {
+      continue;
+    }
+    try {
+      t.fn();
+      printf("[ OK ] %s\n", t.name);
+      ++passed;
+    } catch (const crossover::Failure& f) {
+      printf("[FAIL] %s: %s\n", t.name, f.what.c_str());
+      ++failed;
+    }
+    fflush(stdout);
+  }
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 && passed > 0 ? 0 : 1;
+}
