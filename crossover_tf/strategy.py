@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from crossover_tf import collectives
+from crossover_tf import collectives, devices
 from crossover_tf.ops import lease as lease_lib
 
 
@@ -33,11 +33,18 @@ class CrossoverStrategy:
       lease_timeout_s: how long an acquire may wait before failing (a stuck or dead peer).
       compression: Horovod gradient compression (hvd.Compression.none or .fp16).
       init_horovod: call hvd.init(); with False, Horovod must already be initialised.
+      configure_devices: pin each rank to its local GPU and apply the memory policy below.
+        This must happen before TensorFlow initialises its devices, so construct the strategy
+        before creating any tensor or model; False leaves GPU setup to you.
+      memory_growth: let TensorFlow allocate GPU memory as needed instead of taking nearly all
+        of it at start-up, which would leave the peer job nothing (the default).
+      memory_limit_mb: instead of growth, cap this job's GPU memory (predictable sharing).
     """
 
     def __init__(self, group: str | None = "", *, device_key: str | None = None,
                  lease_timeout_s: float = 600.0, compression: Any = hvd.Compression.none,
-                 init_horovod: bool = True):
+                 init_horovod: bool = True, configure_devices: bool = True,
+                 memory_growth: bool = True, memory_limit_mb: int | None = None):
         if init_horovod:
             hvd.init()
         elif not hvd.is_initialized():
@@ -45,11 +52,18 @@ class CrossoverStrategy:
                                "or construct CrossoverStrategy(init_horovod=True)")
         self.group = group or ""
         self.compression = compression
-        self.device_key = device_key or lease_lib.default_device_key(hvd.local_rank())
+        self.memory = devices.GpuMemoryPolicy(growth=memory_growth and memory_limit_mb is None,
+                                              limit_mb=memory_limit_mb)
+        gpu_ordinal = self._configure_devices(configure_devices)
+        self.device_key = device_key or devices.device_key(
+            hvd.local_rank(), gpu_ordinal, devices.CudaDriver() if gpu_ordinal is not None
+            else None)
         self.lease = (lease_lib.DeviceLease(self.group, self.device_key, lease_timeout_s)
                       if self.group else None)
         self._check_consistent_across_ranks()
-        self._device = self._local_device()
+        self._device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
+                                                 tf.config.list_logical_devices("CPU"),
+                                                 self.local_rank)
         logging.info("crossover_tf: rank %d/%d device %s lease %s", self.rank, self.size,
                      self._device, self.lease)
 
@@ -195,9 +209,18 @@ class CrossoverStrategy:
         return self.lease.stats().as_dict() if self.lease is not None else {}
 
     # ----- internals -------------------------------------------------------------------------
-    def _local_device(self) -> str:
-        gpus = tf.config.list_logical_devices("GPU")
-        return gpus[self.local_rank % len(gpus)].name if gpus else "/CPU:0"
+    def _configure_devices(self, configure: bool) -> int | None:
+        """Pins this rank's GPU (before TF initialises devices); returns its CUDA ordinal."""
+        gpus = tf.config.list_physical_devices("GPU")  # does not initialise the runtime
+        if not gpus:
+            return None
+        if configure:
+            chosen = devices.configure_local_gpu(tf.config, self.memory, hvd.local_rank(),
+                                                 hvd.local_size(),
+                                                 tf.config.LogicalDeviceConfiguration)
+        else:
+            chosen = gpus[hvd.local_rank() % len(gpus)]
+        return devices.physical_gpu_ordinal(gpus, chosen)
 
     def _check_consistent_across_ranks(self) -> None:
         """Fails fast on configuration that would deadlock or silently mis-schedule later."""

@@ -8,7 +8,9 @@
 # Environment knobs:
 #   CROSSOVER_VENV        venv path              (default: <repo>/.venv)
 #   CROSSOVER_CACHE       wheel cache directory  (default: ~/.cache/crossover_tf)
-#   CROSSOVER_TF_EXTRA    cpu | gpu              (default: cpu -> tensorflow-cpu; gpu -> tensorflow)
+#   CROSSOVER_TF_EXTRA    cpu | gpu              (default: cpu -> tensorflow-cpu; gpu -> tensorflow
+#                                                 with its CUDA libraries, and Horovod with NCCL
+#                                                 when a CUDA toolkit and NCCL are found)
 #   PYTHON                base interpreter       (default: python3.11)
 set -euo pipefail
 
@@ -37,6 +39,8 @@ PIP=("$PY" -m pip -q)
 pin() { "$PY" "$ROOT/scripts/pins.py" "$@"; }
 
 TF_REQ=$(pin "$TF_NAME")
+# GPU: TensorFlow's pip CUDA libraries (cuDNN, NCCL, ...) come with its and-cuda extra.
+[ "$EXTRA" = gpu ] && TF_REQ=${TF_REQ/tensorflow==/tensorflow[and-cuda]==}
 HVD_REQ=$(pin horovod)
 log "dependencies: $TF_REQ, $HVD_REQ"
 # Everything except Horovod first: Horovod's build needs TensorFlow importable.
@@ -45,7 +49,21 @@ log "dependencies: $TF_REQ, $HVD_REQ"
 HVD_VERSION=${HVD_REQ#horovod==}
 TF_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("'"$TF_NAME"'"))')
 PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-WHEEL_DIR="$CACHE/wheels/horovod-$HVD_VERSION-$TF_NAME-$TF_VERSION-$PY_TAG"
+# Horovod's GPU collectives: NCCL when building for GPUs and both a CUDA toolkit (nvcc) and
+# NCCL (headers + library: $HOROVOD_NCCL_HOME, or the nvidia-nccl wheel TF's and-cuda brings)
+# exist; otherwise Gloo alone, which reduces GPU tensors through host memory.
+GPU_OPS=
+if [ "$EXTRA" = gpu ]; then
+  NCCL_HOME=${HOROVOD_NCCL_HOME:-$("$PY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)}
+  if command -v nvcc >/dev/null && [ -n "$NCCL_HOME" ] && [ -e "$NCCL_HOME/include/nccl.h" ]; then
+    GPU_OPS=NCCL
+    export HOROVOD_NCCL_HOME=$NCCL_HOME HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+    log "GPU build: Horovod with NCCL from $HOROVOD_NCCL_HOME and CUDA from $HOROVOD_CUDA_HOME"
+  else
+    log "GPU build without nvcc or NCCL headers: Horovod gets Gloo only (allreduce via host memory)"
+  fi
+fi
+WHEEL_DIR="$CACHE/wheels/horovod-$HVD_VERSION-$TF_NAME-$TF_VERSION-$PY_TAG${GPU_OPS:+-nccl}"
 
 hvd_ok() {
   "$PY" - <<'PY' 2>/dev/null
@@ -75,7 +93,7 @@ else
     mkdir -p "$WHEEL_DIR.tmp"
     HOROVOD_CMAKE="$CMAKE_BIN" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
       HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-      HOROVOD_GPU_OPERATIONS= MAKEFLAGS="-j$(nproc)" \
+      HOROVOD_GPU_OPERATIONS=$GPU_OPS MAKEFLAGS="-j$(nproc)" \
       "${PIP[@]}" wheel --no-build-isolation --no-deps "$src/horovod-$HVD_VERSION" -w "$WHEEL_DIR.tmp"
     rm -rf "$WHEEL_DIR" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"   # publish atomically
   else

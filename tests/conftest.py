@@ -1,8 +1,10 @@
 """Shared pytest fixtures: quiet TensorFlow logs, repo root on sys.path, unique lease groups."""
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +16,27 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_visible() -> bool:
+    """An NVIDIA GPU this machine can use (asked of nvidia-smi, so TensorFlow stays unloaded)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listing.returncode == 0 and "GPU" in listing.stdout
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if gpu_visible():
+        return
+    skip = pytest.mark.skip(reason="needs_gpu: no NVIDIA GPU visible (nvidia-smi -L)")
+    for item in items:
+        if "needs_gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -57,19 +57,6 @@ def load_library() -> Any:
         "build it with `make -C ops PYTHON=$(which python)` or run scripts/install.sh")
 
 
-def default_device_key(local_rank: int = 0) -> str:
-    """Names this process's device on its host: $CROSSOVER_DEVICE_KEY, else gpu<i> or cpu<i>.
-
-    Two jobs share a lease only if they name the same key on the same host; launchers that
-    emulate several hosts on one machine set CROSSOVER_DEVICE_KEY per emulated host.
-    """
-    key = os.environ.get("CROSSOVER_DEVICE_KEY")
-    if key:
-        return validate_name("device key", key, segments.DEVICE_KEY_MAX_LEN)
-    kind = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
-    return f"{kind}{local_rank}"
-
-
 def unlink(group: str, device_key: str) -> None:
     """Removes the segment name; processes that have it open keep working."""
     segments.segment_path(group, device_key).unlink(missing_ok=True)
