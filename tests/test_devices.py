@@ -168,3 +168,13 @@ def test_two_ranks_place_their_ops_on_their_own_logical_device(tmp_path: pathlib
         assert report["variable_devices"] == [expected], report
         assert report["op_device"] == expected, report
         assert report["device_key"] == f"cpu{report['local_rank']}", report
+
+
+def test_gpu_check_script_skips_clearly_without_a_gpu() -> None:
+    from conftest import REPO_ROOT, gpu_visible
+    if gpu_visible():
+        pytest.skip("a GPU is visible: scripts/gpu_check.sh would run for real")
+    result = run_bounded(["bash", str(REPO_ROOT / "scripts" / "gpu_check.sh")], {"PATH": "/usr/bin:/bin"},
+                         timeout=60)
+    assert result.returncode == 0, result.stdout
+    assert "gpu_check: SKIPPED - no NVIDIA GPU is visible" in result.stdout, result.stdout
