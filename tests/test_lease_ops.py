@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from crossover_tf.ops import lease as lease_lib
-from crossover_tf.ops import segments
+from crossover_tf import lease as lease_lib
+from crossover_tf.lease import segments
 
 WORKER = str(pathlib.Path(__file__).with_name("lease_worker.py"))
 
@@ -30,7 +30,7 @@ class LeaseOpTest(tf.test.TestCase):
 
     def tearDown(self):
         self.lease.release()
-        lease_lib.unlink(self.group, "cpu0")
+        segments.unlink_segment(self.group, "cpu0")
         super().tearDown()
 
     def test_library_loads_and_registers_ops(self):
@@ -91,7 +91,7 @@ class LeaseOpTest(tf.test.TestCase):
             ops.crossover_acquire_lease([], group="x/y", device_key="cpu0")
 
     def test_stale_segment_of_wrong_layout_is_recreated(self):
-        lease_lib.unlink("stalegrp", "cpu0")
+        segments.unlink_segment("stalegrp", "cpu0")
         path = segments.segment_path("stalegrp", "cpu0")
         path.write_bytes(b"garbage from an older, crashed run")
         stale = lease_lib.DeviceLease("stalegrp", "cpu0")
@@ -99,7 +99,7 @@ class LeaseOpTest(tf.test.TestCase):
         stale.release()
         self.assertEqual(stale.stats().acquires, 1)
         self.assertGreater(path.stat().st_size, 64)
-        lease_lib.unlink("stalegrp", "cpu0")
+        segments.unlink_segment("stalegrp", "cpu0")
 
 
 def _spawn(child_env, *args: str) -> subprocess.Popen:
@@ -195,3 +195,14 @@ def test_holder_that_exited_without_release_is_reclaimed(tmp_path, lease_group, 
     assert time.monotonic() - start < 1.0
     assert lease.stats().recoveries >= 1
     lease.release()
+
+
+def test_stats_are_decoded_in_the_order_of_the_lease_stats_fields():
+    values = np.arange(1, len(lease_lib.STATS_FIELDS) + 1, dtype=np.float64)
+    stats = lease_lib.LeaseStats.from_op_output(values)
+    assert lease_lib.STATS_FIELDS[:2] == ("acquires", "handoffs")
+    assert stats.acquires == 1 and isinstance(stats.acquires, int)
+    assert stats.max_hold_s == 8.0 and stats.held is True
+    assert list(stats.as_dict().values()) == values.tolist()[:-1] + [1.0]  # held: a bool
+    with pytest.raises(ValueError, match="expected \\(9,\\)"):
+        lease_lib.LeaseStats.from_op_output(values[:8])

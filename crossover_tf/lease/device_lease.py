@@ -1,49 +1,21 @@
-"""Thin Python loader and wrappers for the device-lease ops (ops/lease_ops.cc).
-
-The shared library is loaded on first use, as Horovod and tensorflow/custom-op do, so importing
-crossover_tf stays cheap and a missing build gives a clear message instead of an ImportError
-deep in TensorFlow.
-"""
+"""DeviceLease: builds and runs the lease ops (ops/lease_ops.cc) for one (group, device)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-import pathlib
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from crossover_tf.ops import segments
-from crossover_tf.ops.segments import validate_name
-
-LIBRARY_NAME = "_lease_ops.so"
-# Where the library may be: $CROSSOVER_LEASE_OPS (explicit), beside this file (pip build,
-# ops/Makefile), or ops/ at the repository root (Bazel runfiles of //ops:_lease_ops.so).
-LIBRARY_CANDIDATES = (pathlib.Path(__file__).with_name(LIBRARY_NAME),
-                      pathlib.Path(__file__).resolve().parents[2] / "ops" / LIBRARY_NAME)
+from crossover_tf.lease import segments
+from crossover_tf.lease.loader import load_library
+from crossover_tf.lease.segments import validate_name
 
 # Tags recorded with each acquisition in the lease timeline.
 TAG_COMPUTE = 1
 TAG_APPLY = 2
 TAG_OTHER = 0
-
-_STATS_FIELDS = ("acquires", "handoffs", "contended", "recoveries", "wait_s", "hold_s",
-                 "max_wait_s", "max_hold_s", "held")
-
-
-@functools.lru_cache(maxsize=None)
-def load_library() -> Any:
-    """Loads _lease_ops.so once; raises a clear error if it was never built."""
-    explicit = os.environ.get("CROSSOVER_LEASE_OPS")
-    candidates = (pathlib.Path(explicit),) if explicit else LIBRARY_CANDIDATES
-    for path in candidates:
-        if path.exists():
-            return tf.load_op_library(str(path))
-    raise FileNotFoundError(
-        f"crossover_tf lease op library not found (looked in {[str(c) for c in candidates]}); "
-        "build it with `make -C ops PYTHON=$(which python)` or run scripts/install.sh")
 
 
 def default_device_key(local_rank: int = 0) -> str:
@@ -57,11 +29,6 @@ def default_device_key(local_rank: int = 0) -> str:
         return validate_name("device key", key, segments.DEVICE_KEY_MAX_LEN)
     kind = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
     return f"{kind}{local_rank}"
-
-
-def unlink(group: str, device_key: str) -> None:
-    """Removes the segment name; processes that have it open keep working."""
-    segments.segment_path(group, device_key).unlink(missing_ok=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +46,20 @@ class LeaseStats:
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_op_output(cls, values: Any) -> "LeaseStats":
+        """Decodes CrossoverLeaseStats' float64 vector, whose order is STATS_FIELDS."""
+        v = np.asarray(values)
+        if v.shape != (len(STATS_FIELDS),):
+            raise ValueError(f"lease stats op returned shape {v.shape}, expected "
+                             f"({len(STATS_FIELDS)},) in the order {STATS_FIELDS}")
+        return cls(*(_DECODE[f.type](x) for f, x in zip(dataclasses.fields(cls), v)))
+
+
+# The stats op's output order: the field order of LeaseStats, its one definition.
+STATS_FIELDS = tuple(f.name for f in dataclasses.fields(LeaseStats))
+_DECODE = {"int": int, "float": float, "bool": bool}
 
 
 class DeviceLease:
@@ -114,10 +95,8 @@ class DeviceLease:
         return tf.nest.pack_sequence_as(tensors, out)
 
     def stats(self) -> LeaseStats:
-        values = self._ops.crossover_lease_stats(group=self.group, device_key=self.device_key)
-        v = np.asarray(values)
-        return LeaseStats(int(v[0]), int(v[1]), int(v[2]), int(v[3]), float(v[4]), float(v[5]),
-                          float(v[6]), float(v[7]), bool(v[8]))
+        return LeaseStats.from_op_output(
+            self._ops.crossover_lease_stats(group=self.group, device_key=self.device_key))
 
     def timeline(self) -> np.ndarray:
         """[n, 4] int64: request_ns, acquired_ns, released_ns (0 = held), tag; wall clock."""
