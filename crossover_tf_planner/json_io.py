@@ -65,7 +65,7 @@ class JsonRecord:
     json_style: dict[str, Any] = {}
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        return dataclasses.asdict(self)
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """Serialises the record; also writes it to ``path`` when given."""

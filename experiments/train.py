@@ -3,8 +3,9 @@
   horovodrun --gloo -np 2 python -m experiments.train --job=A --group=pair0 --model=small_cnn
 
 Every rank trains; rank 0 writes TensorBoard scalars under <model_dir>/<job>/ (loss, accuracy,
-images/s, step time, lease wait and hold) and <model_dir>/<job>/stats.json, which compare.py
-and the planner read. An empty --group trains with plain Horovod (no lease): the baseline.
+images/s, step time, lease wait and hold) and <model_dir>/<job>/stats.json (a JobStats record),
+which compare.py and the planner read. An empty --group trains with plain Horovod (no lease):
+the baseline. Launchers build this script's command line with train_argv().
 """
 from __future__ import annotations
 
