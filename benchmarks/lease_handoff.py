@@ -20,7 +20,7 @@ import uuid
 
 import numpy as np
 
-from crossover_tf.ops.segments import remove_group_segments
+from crossover_tf.lease.segments import remove_group_segments
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "lease_worker.py"
@@ -52,7 +52,7 @@ def uncontended_pair_cost(iterations: int) -> tuple[float, float]:
     """(seconds per acquire+release pair, seconds per identity pair) inside one tf.function."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
-    from crossover_tf.ops.lease import DeviceLease
+    from crossover_tf.lease import DeviceLease
     lease = DeviceLease(f"bench{uuid.uuid4().hex[:8]}", "cpu0")
 
     @tf.function
@@ -94,7 +94,8 @@ def main() -> None:
     print(f"hand-off latency: median {np.median(lat) * 1e6:.1f} us, "
           f"p99 {np.percentile(lat, 99) * 1e6:.1f} us, max {lat.max() * 1e6:.1f} us")
     print(f"uncontended acquire+release pair in a tf.function: {pair * 1e6:.2f} us "
-          f"(two identity ops: {identity * 1e6:.2f} us; lease adds {(pair - identity) * 1e6:.2f} us)")
+          f"(two identity ops: {identity * 1e6:.2f} us; "
+          f"lease adds {(pair - identity) * 1e6:.2f} us)")
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ def main() -> None:
                     "model": args.model, "dataset": args.dataset, "group": group,
                     "global_batch_size": args.global_batch_size, "steps": args.steps,
                     "warmup_steps": 10, "model_dir": tmp, "job": f"{variant}{repeat}"})
-                step_times[variant].append(stats["step_time_s"])
+                step_times[variant].append(stats.step_time_s)
                 if group:
-                    from crossover_tf.ops.lease import unlink
-                    unlink(group, stats["device_key"])
+                    from crossover_tf.lease.segments import unlink_segment
+                    unlink_segment(group, stats.device_key)
     plain, crossed = (float(np.median(step_times[v])) for v in ("plain", "crossover"))
     print(f"model {args.model}, global batch {args.global_batch_size}, {args.repeats} runs "
           f"x {args.steps - 10} timed steps each")

@@ -18,7 +18,7 @@ from typing import Any, Protocol, Sequence
 
 from absl import logging
 
-from crossover_tf.ops import segments
+from crossover_tf.lease import segments
 
 DEVICE_KEY_ENV = "CROSSOVER_DEVICE_KEY"
 

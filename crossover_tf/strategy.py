@@ -19,7 +19,7 @@ import tensorflow as tf
 from absl import logging
 
 from crossover_tf import collectives, devices
-from crossover_tf.ops import lease as lease_lib
+from crossover_tf import lease as lease_lib
 
 
 class CrossoverStrategy:
@@ -130,10 +130,6 @@ class CrossoverStrategy:
 
         return tf.nest.map_structure(reduce_one, value)
 
-    def experimental_distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        """Alias of distribute_dataset (tf.distribute's name)."""
-        return self.distribute_dataset(dataset)
-
     def distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """Splits each *global* batch so this rank gets rows rank, rank+size, ...
 
@@ -176,11 +172,6 @@ class CrossoverStrategy:
         if average_metrics:
             result.append(callbacks.MetricAverage(self))
         return result
-
-    def prepare(self, model: keras.Model) -> None:
-        """Installs the crossover train step on a compiled model (callbacks() does this too)."""
-        from crossover_tf import train_step
-        train_step.install(model, self)
 
     # ----- crossover -------------------------------------------------------------------------
     def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:

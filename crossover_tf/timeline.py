@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from crossover_tf.ops.lease import TAG_APPLY, TAG_COMPUTE
+from crossover_tf.lease import TAG_APPLY, TAG_COMPUTE
 
 PHASE_COLUMNS = ("compute_start", "compute_end", "comm_end", "apply_start", "apply_end")
 

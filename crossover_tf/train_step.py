@@ -23,7 +23,7 @@ from absl import logging
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from crossover_tf.ops import lease as lease_lib
+from crossover_tf import lease as lease_lib
 
 if TYPE_CHECKING:
     from crossover_tf.strategy import CrossoverStrategy

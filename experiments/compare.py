@@ -23,44 +23,43 @@ import json
 import pathlib
 import shlex
 import shutil
-import sys
 import uuid
 from typing import Any, Mapping
 
 from absl import app, flags, logging
 
+from crossover_tf_planner.job_stats import JobStats
+from crossover_tf_planner.policies import MEASURED
 from experiments import config as config_lib
 from experiments import report, throughput
 
 FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", "learning_rate",
               "jit_compile", "bandwidth_mbit", "latency_ms", "num_hosts", "out_dir",
               "timeout_s", "force_localhost", "scenarios"]
-SCENARIOS = ("sequential", "naive", "crossover")
+SCENARIOS = MEASURED
 
 
-def define_flags() -> None:
-    """Flags of the comparison; training flags mirror experiments/train.py's."""
-    if "scenarios" in flags.FLAGS:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines this script's flags on flag_values, once; training flags are train.py's own
+    and cluster flags launch_pair.py's, with the comparison's defaults."""
+    if "scenarios" in flag_values:
         return
-    from experiments import train
-    train.define_flags()  # model, dataset, global_batch_size, steps, ... shared with train.py
-    flags.FLAGS.set_default("model", "resnet20")
-    flags.FLAGS.set_default("dataset", "synthetic:cifar10")
-    flags.FLAGS.set_default("global_batch_size", 128)
-    flags.FLAGS.set_default("steps", 40)
-    flags.FLAGS.set_default("warmup_steps", 10)
-    from experiments import launch_pair
-    launch_pair.define_flags()  # cluster flags: bandwidth_mbit, latency_ms, num_hosts, ...
-    flags.FLAGS.set_default("bandwidth_mbit", 35.0)
-    flags.FLAGS.set_default("timeout_s", 900.0)
-    flags.DEFINE_string("out_dir", "runs/compare", "Where results and TensorBoard logs go.")
-    flags.DEFINE_list("scenarios", list(SCENARIOS), "Scenarios to run (sequential is needed: "
-                      "it provides the solo profiles).")
+    from experiments import launch_pair, train
+    train.define_flags(flag_values)  # model, dataset, global_batch_size, steps, ...
+    launch_pair.define_flags(flag_values)  # bandwidth_mbit, latency_ms, num_hosts, ...
+    for name, default in (("model", "resnet20"), ("dataset", "synthetic:cifar10"),
+                          ("global_batch_size", 128), ("steps", 40), ("warmup_steps", 10),
+                          ("bandwidth_mbit", 35.0), ("timeout_s", 900.0)):
+        flag_values.set_default(name, default)
+    define = config_lib.flag_definer(flag_values)
+    define(flags.DEFINE_string, "out_dir", "runs/compare",
+           "Where results and TensorBoard logs go.")
+    define(flags.DEFINE_list, "scenarios", list(SCENARIOS),
+           "Scenarios to run (sequential is needed: it provides the solo profiles).")
 
 
 def validate(c: Any) -> None:
-    from experiments import train
-    train.validate(_train_namespace(c))
+    _train_command(c, "A", "", "", "")  # train.py validates the settings the ranks get
     config_lib.require(c.bandwidth_mbit is None or c.bandwidth_mbit > 0,
                        "bandwidth_mbit must be positive")
     config_lib.require(c.num_hosts >= 2, "num_hosts must be >= 2: one host has no network")
@@ -73,26 +72,17 @@ def validate(c: Any) -> None:
                        "the sequential scenario is required (it gives the solo profiles)")
 
 
-def _train_namespace(c: Any) -> Any:
-    """The train.py settings implied by a comparison config (for validation)."""
-    import types
-    return types.SimpleNamespace(model=c.model, dataset=c.dataset,
-                                 global_batch_size=c.global_batch_size, steps=c.steps, epochs=1, warmup_steps=c.warmup_steps,
-                                 learning_rate=c.learning_rate, lease_timeout_s=300.0,
-                                 threads=0, job="A")
+def _train_command(c: Any, job: str, group: str, model_dir: str, barrier: str) -> list[str]:
+    """One rank's command: train.py with the comparison's training settings."""
+    from experiments import train
+    return train.train_argv({
+        "job": job, "group": group, "model": c.model, "dataset": c.dataset,
+        "global_batch_size": c.global_batch_size, "steps": c.steps,
+        "warmup_steps": c.warmup_steps, "learning_rate": c.learning_rate,
+        "jit_compile": c.jit_compile, "model_dir": model_dir, "start_barrier": barrier})
 
 
-def _train_command(c: Any, job: str, group: str, tensorboard_dir: pathlib.Path,
-                   barrier: str) -> list[str]:
-    return [sys.executable, "-m", "experiments.train", f"--job={job}", f"--group={group}",
-            f"--model={c.model}", f"--dataset={c.dataset}",
-            f"--global_batch_size={c.global_batch_size}", f"--steps={c.steps}",
-            f"--warmup_steps={c.warmup_steps}", f"--learning_rate={c.learning_rate}",
-            f"--jit_compile={c.jit_compile}", f"--model_dir={tensorboard_dir}",
-            "--lease_timeout_s=300", "--seed=0", f"--start_barrier={barrier}"]
-
-
-def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[str, dict]:
+def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[str, JobStats]:
     """Runs both jobs of one scenario; returns their rank-0 stats.json contents."""
     from experiments import launch_pair
     group = {"naive": ""}.get(name, f"xo{uuid.uuid4().hex[:8]}")
@@ -100,7 +90,7 @@ def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[st
     concurrent = name != "sequential"
     shutil.rmtree(out / "barriers" / name, ignore_errors=True)  # arrivals of an earlier run
     # Concurrent jobs start training together (all ranks of both); sequential ones alone.
-    jobs = {job: _train_command(c, job, group, tensorboard_dir, barrier=(
+    jobs = {job: _train_command(c, job, group, str(tensorboard_dir), barrier=(
         f"{out / 'barriers' / name}:{2 * c.num_hosts}" if concurrent else ""))
         for job in ("A", "B")}
     logging.info("scenario %s: %s", name, " ".join(map(shlex.quote, jobs["A"])))
@@ -108,7 +98,7 @@ def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[st
                                    mode="concurrent" if concurrent else "sequential",
                                    log_dir=str(out / "logs" / name), timeout_s=c.timeout_s)
     if group:
-        from crossover_tf.cluster import remove_lease_segments
+        from experiments.cluster import remove_lease_segments
         remove_lease_segments([group])
     for job, result in results.items():
         if not result["ok"]:
@@ -116,29 +106,28 @@ def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[st
                 f"scenario {name}: job {job} failed (rank {result['failed_rank']}, exit "
                 f"{result['failed_exit_code']}, timed out {result['timed_out']}); log tail:\n"
                 f"{result['failed_log_tail']}")
-    return {job: json.loads((tensorboard_dir / job / "stats.json").read_text())
-            for job in jobs}
+    return {job: JobStats.from_json(tensorboard_dir / job / "stats.json") for job in jobs}
 
 
-def summarise(stats: Mapping[str, Mapping[str, Mapping[str, Any]]], warmup_steps: int,
+def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
               settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Scenario table, ratios and the ideal ratio from the raw per-job stats."""
-    seq = {job: throughput.job_summary(s) for job, s in stats["sequential"].items()}
+    """Scenario table, ratios and the ideal ratio from the per-job stats of each scenario."""
+    seq = stats["sequential"]
     scenarios: dict[str, Any] = {
-        f"solo_{job}": {"jobs": {job: summary}, "aggregate_images_per_s": summary["images_per_s"],
-                        "per_job_in_aggregate": {job: summary["images_per_s"]}}
-        for job, summary in seq.items()}
-    scenarios["sequential"] = {"jobs": seq,
-                               "aggregate_images_per_s": throughput.sequential_aggregate(seq)}
-    total_images = sum(j["timed_images"] for j in seq.values())
-    scenarios["sequential"]["per_job_in_aggregate"] = {
-        job: scenarios["sequential"]["aggregate_images_per_s"] * j["timed_images"] / total_images
-        for job, j in seq.items()}
+        f"solo_{job}": {"jobs": {job: s.to_dict()}, "aggregate_images_per_s": s.images_per_s,
+                        "per_job_in_aggregate": {job: s.images_per_s}}
+        for job, s in seq.items()}
+    sequential = throughput.sequential_aggregate(seq)
+    total_images = sum(s.timed_images for s in seq.values())
+    scenarios["sequential"] = {
+        "jobs": {job: s.to_dict() for job, s in seq.items()},
+        "aggregate_images_per_s": sequential,
+        "per_job_in_aggregate": {job: sequential * s.timed_images / total_images
+                                 for job, s in seq.items()}}
     for name in ("naive", "crossover"):
         if name in stats:
             aggregate, per_job, window = throughput.concurrent_aggregate(stats[name], warmup_steps)
-            scenarios[name] = {"jobs": {j: throughput.job_summary(s)
-                                        for j, s in stats[name].items()},
+            scenarios[name] = {"jobs": {j: s.to_dict() for j, s in stats[name].items()},
                                "aggregate_images_per_s": aggregate,
                                "per_job_in_aggregate": per_job, "window_s": window}
     agg = {n: s["aggregate_images_per_s"] for n, s in scenarios.items()}
@@ -155,9 +144,9 @@ def summarise(stats: Mapping[str, Mapping[str, Mapping[str, Any]]], warmup_steps
 def run(flag_values: flags.FlagValues = flags.FLAGS,
         overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Runs the scenarios on one cluster; writes compare.{json,md,png}; returns the result."""
-    define_flags()
+    define_flags(flag_values)
     c = config_lib.resolve(flag_values, FLAG_NAMES, overrides, validate, "compare")
-    from crossover_tf.cluster import EmulatedCluster
+    from experiments.cluster import EmulatedCluster
     out = pathlib.Path(c.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stats: dict[str, dict] = {}
@@ -175,7 +164,7 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     (out / "compare.md").write_text(table)
     if "crossover" in stats:
         import numpy as np
-        phases = {job: np.asarray(s["phases_ns"]) for job, s in stats["crossover"].items()}
+        phases = {job: np.asarray(s.phases_ns) for job, s in stats["crossover"].items()}
         report.plot(result, phases, str(out / "compare.png"))
     print(table)
     print(f"results: {out / 'compare.json'}, {out / 'compare.md'}, {out / 'compare.png'}; "
@@ -187,7 +176,7 @@ def _attach_planner_validation(result: dict[str, Any]) -> None:
     """The planner's predictions for this pair, from the solo profiles only, with % errors."""
     if not {"naive", "crossover"} <= set(result["scenarios"]):
         return
-    from crossover_tf.planner import validate as planner_validate
+    from crossover_tf_planner import validate as planner_validate
     try:
         result["planner"] = planner_validate.validate_comparison(result)
     except ValueError as err:  # e.g. a scenario the planner cannot model

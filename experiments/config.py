@@ -38,6 +38,19 @@ def resolve(flag_values: absl_flags.FlagValues, names: list[str],
     return namespace
 
 
+def flag_definer(flag_values: absl_flags.FlagValues) -> Callable[..., None]:
+    """How every experiment script defines its flags: `define(flags.DEFINE_x, name, default,
+    help, **extra)` on flag_values, skipping a name another script already defined, so scripts
+    that share flags (seed, out_dir, ...) can be loaded together and define_flags can repeat."""
+
+    def define(kind: Callable[..., Any], name: str, default: Any, help_text: str,
+               **extra: Any) -> None:
+        if name not in flag_values:
+            kind(name=name, default=default, help=help_text, flag_values=flag_values, **extra)
+
+    return define
+
+
 def require(condition: bool, message: str) -> None:
     """Raises ValueError(message) unless condition holds: flag errors read as sentences."""
     if not condition:

@@ -18,39 +18,45 @@ from typing import Any, Mapping
 
 from absl import app, flags, logging
 
-from crossover_tf.cluster import linkprobe
 from experiments import config as config_lib
-from crossover_tf.cluster.launch import launch_job, wait_jobs
-from crossover_tf.cluster.netns import EmulatedCluster
+from experiments.cluster import linkprobe
+from experiments.cluster.launch import launch_job, wait_jobs
+from experiments.cluster.netns import EmulatedCluster
 
 DEFAULT_LOG_DIR = "runs/launch_pair"
 MODES = ("concurrent", "sequential", "single")
 _PYTHON_NAMES = ("python", "python3")
 
-_FLAG_NAMES = ("job_a", "job_b", "mode", "num_hosts", "bandwidth_mbit", "latency_ms", "cpus",
-               "log_dir", "timeout_s", "lease_groups", "force_localhost", "measure_bandwidth",
-               "result_json")
+FLAG_NAMES = ["job_a", "job_b", "mode", "num_hosts", "bandwidth_mbit", "latency_ms", "cpus",
+              "log_dir", "timeout_s", "lease_groups", "force_localhost", "measure_bandwidth",
+              "result_json"]
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Defines this script's flags on `flag_values` (idempotent per FlagValues)."""
-    if "job_a" in flag_values:
-        return
-    fv = {"flag_values": flag_values}
-    flags.DEFINE_string("job_a", None, "Command of job A (a leading `python` means this Python).", **fv)
-    flags.DEFINE_string("job_b", "", "Command of job B (unused in --mode=single).", **fv)
-    flags.DEFINE_enum("mode", "concurrent", MODES, "Run A and B together, A then B, or A only.", **fv)
-    flags.DEFINE_integer("num_hosts", 2, "Emulated hosts; each job has one rank per host.", **fv)
-    flags.DEFINE_float("bandwidth_mbit", None, "Per-host link rate in Mbit/s (None: unlimited).", **fv)
-    flags.DEFINE_float("latency_ms", 0.0, "Added one-way delay per link end (needs sch_netem).", **fv)
-    flags.DEFINE_list("cpus", None, "CPU list per host for taskset (default: host i -> cpu i%n).", **fv)
-    if "log_dir" not in flag_values:  # absl.logging usually defines it already; we share it
-        flags.DEFINE_string("log_dir", "", "Per-rank logs go to <log_dir>/<job>/.", **fv)
-    flags.DEFINE_float("timeout_s", 600.0, "Hard limit for all jobs together, in seconds.", **fv)
-    flags.DEFINE_list("lease_groups", [], "Lease groups whose /dev/shm segments are removed after.", **fv)
-    flags.DEFINE_bool("force_localhost", False, "Skip namespaces: localhost ranks, no shaping.", **fv)
-    flags.DEFINE_bool("measure_bandwidth", False, "Measure host0->host1 TCP rate before the jobs.", **fv)
-    flags.DEFINE_string("result_json", None, "Also write the result dict to this file.", **fv)
+    """Defines this script's flags on flag_values (compare.py shares the cluster ones);
+    log_dir is absl.logging's own flag when absl defined it first, and is shared."""
+    define = config_lib.flag_definer(flag_values)
+    define(flags.DEFINE_string, "job_a", None,
+           "Command of job A (a leading `python` means this Python).")
+    define(flags.DEFINE_string, "job_b", "", "Command of job B (unused in --mode=single).")
+    define(flags.DEFINE_enum, "mode", "concurrent", "Run A and B together, A then B, or A only.",
+           enum_values=MODES)
+    define(flags.DEFINE_integer, "num_hosts", 2, "Emulated hosts; each job has one rank per host.")
+    define(flags.DEFINE_float, "bandwidth_mbit", None,
+           "Per-host link rate in Mbit/s (None: unlimited).")
+    define(flags.DEFINE_float, "latency_ms", 0.0,
+           "Added one-way delay per link end (needs sch_netem).")
+    define(flags.DEFINE_list, "cpus", None,
+           "CPU list per host for taskset (default: host i -> cpu i%n).")
+    define(flags.DEFINE_string, "log_dir", "", "Per-rank logs go to <log_dir>/<job>/.")
+    define(flags.DEFINE_float, "timeout_s", 600.0, "Hard limit for all jobs together, in seconds.")
+    define(flags.DEFINE_list, "lease_groups", [],
+           "Lease groups whose /dev/shm segments are removed after.")
+    define(flags.DEFINE_bool, "force_localhost", False,
+           "Skip namespaces: localhost ranks, no shaping.")
+    define(flags.DEFINE_bool, "measure_bandwidth", False,
+           "Measure host0->host1 TCP rate before the jobs.")
+    define(flags.DEFINE_string, "result_json", None, "Also write the result dict to this file.")
 
 
 def _check(c: Any) -> None:
@@ -62,7 +68,7 @@ def _check(c: Any) -> None:
 def _config(flag_values: flags.FlagValues, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     """Flag values (defaults if unparsed) with `overrides` on top; never mutates the flags."""
     define_flags(flag_values)
-    config = vars(config_lib.resolve(flag_values, list(_FLAG_NAMES), overrides, _check,
+    config = vars(config_lib.resolve(flag_values, FLAG_NAMES, overrides, _check,
                                      "launch_pair"))
     config["log_dir"] = config["log_dir"] or DEFAULT_LOG_DIR
     return config

@@ -23,42 +23,38 @@ from typing import Any, Mapping
 
 from absl import app, flags
 
+from crossover_tf_planner import analytical, cluster_sim, pairing, profile, sweep, validate
 from experiments import config as config_lib
-
-from crossover_tf.planner import analytical, cluster, pairing, profile, sweep, validate
 
 MODES = ("recommend", "pair", "simulate", "sweep", "validate")
 
 
-def define_flags() -> None:
-    """Defines this script's flags; a flag another script already defined is kept."""
-    definitions = [
-        (flags.DEFINE_enum, "mode", "sweep", {"enum_values": list(MODES)}, "What to plan."),
-        (flags.DEFINE_list, "profiles", [], {}, "Job profile JSON files."),
-        (flags.DEFINE_string, "comparison", None, {}, "compare.py JSON (validate mode)."),
-        (flags.DEFINE_string, "out_dir", "runs/plan", {}, "Where results are written."),
-        (flags.DEFINE_float, "min_gain", 0.05, {}, "Least gain over sequential worth pairing."),
-        (flags.DEFINE_float, "device_efficiency", 1.0, {},
-         "Device throughput when two jobs share it without a lease (1 = perfect sharing)."),
-        (flags.DEFINE_integer, "n_hosts", 64, {}, "Hosts in the simulated cluster."),
-        (flags.DEFINE_integer, "n_jobs", 32, {}, "Synthetic jobs when no --profiles."),
-        (flags.DEFINE_integer, "sim_steps", 100, {}, "Steps each simulated job runs."),
-        (flags.DEFINE_integer, "seed", 0, {}, "Seed of synthetic jobs and simulator draws."),
-        (flags.DEFINE_list, "cm_ratios", [f"{r:.4g}" for r in sweep.DEFAULT_CM_RATIOS], {},
-         "Sweep: compute/comm ratios."),
-        (flags.DEFINE_list, "period_ratios", [f"{p:.4g}" for p in sweep.DEFAULT_PERIOD_RATIOS],
-         {}, "Sweep: period ratios T_B/T_A."),
-        (flags.DEFINE_float, "threshold", 0.05, {}, "Sweep: gain over naive that counts as help."),
-        (flags.DEFINE_float, "handoff_s", 2e-4, {}, "Sweep: lease hand-off cost (s)."),
-    ]
-    for define, name, default, extra, help_text in definitions:
-        if name not in flags.FLAGS:
-            define(name=name, default=default, help=help_text, **extra)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines this script's flags on flag_values; a flag another script already defined
+    (seed, out_dir) is shared."""
+    define = config_lib.flag_definer(flag_values)
+    define(flags.DEFINE_enum, "mode", "sweep", "What to plan.", enum_values=list(MODES))
+    define(flags.DEFINE_list, "profiles", [], "Job profile JSON files.")
+    define(flags.DEFINE_string, "comparison", None, "compare.py JSON (validate mode).")
+    define(flags.DEFINE_string, "out_dir", "runs/plan", "Where results are written.")
+    define(flags.DEFINE_float, "min_gain", 0.05, "Least gain over sequential worth pairing.")
+    define(flags.DEFINE_float, "device_efficiency", 1.0,
+           "Device throughput when two jobs share it without a lease (1 = perfect sharing).")
+    define(flags.DEFINE_integer, "n_hosts", 64, "Hosts in the simulated cluster.")
+    define(flags.DEFINE_integer, "n_jobs", 32, "Synthetic jobs when no --profiles.")
+    define(flags.DEFINE_integer, "sim_steps", 100, "Steps each simulated job runs.")
+    define(flags.DEFINE_integer, "seed", 0, "Seed of synthetic jobs and simulator draws.")
+    define(flags.DEFINE_list, "cm_ratios", [f"{r:.4g}" for r in sweep.DEFAULT_CM_RATIOS],
+           "Sweep: compute/comm ratios.")
+    define(flags.DEFINE_list, "period_ratios", [f"{p:.4g}" for p in sweep.DEFAULT_PERIOD_RATIOS],
+           "Sweep: period ratios T_B/T_A.")
+    define(flags.DEFINE_float, "threshold", 0.05, "Sweep: gain over naive that counts as help.")
+    define(flags.DEFINE_float, "handoff_s", 2e-4, "Sweep: lease hand-off cost (s).")
 
 
-_SETTING_NAMES = ["mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
-                  "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
-                  "threshold", "handoff_s"]
+FLAG_NAMES = ["mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
+              "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
+              "threshold", "handoff_s"]
 
 
 def _check_settings(c: Any) -> None:
@@ -66,7 +62,7 @@ def _check_settings(c: Any) -> None:
 
 
 def _settings(flag_values: Any, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    return vars(config_lib.resolve(flag_values, _SETTING_NAMES, overrides, _check_settings,
+    return vars(config_lib.resolve(flag_values, FLAG_NAMES, overrides, _check_settings,
                                    "plan"))
 
 
@@ -100,9 +96,9 @@ def _pair(s: Mapping[str, Any]) -> tuple[dict, str]:
 
 def _simulate(s: Mapping[str, Any]) -> tuple[dict, str]:
     jobs = (profile.load_profiles(s["profiles"]) if s["profiles"]
-            else cluster.synthetic_profiles(s["n_jobs"], seed=s["seed"]))
-    report = cluster.run_cluster(jobs, s["n_hosts"], steps=s["sim_steps"], seed=s["seed"])
-    return report, cluster.to_markdown(report)
+            else cluster_sim.synthetic_profiles(s["n_jobs"], seed=s["seed"]))
+    report = cluster_sim.run_cluster(jobs, s["n_hosts"], steps=s["sim_steps"], seed=s["seed"])
+    return report, cluster_sim.to_markdown(report)
 
 
 def _sweep(s: Mapping[str, Any]) -> tuple[dict, str]:

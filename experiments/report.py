@@ -5,7 +5,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-SCENARIO_ORDER = ("solo_A", "solo_B", "sequential", "naive", "crossover")
+from crossover_tf_planner.job_stats import JobStats
+from crossover_tf_planner.policies import MEASURED
+
+SCENARIO_ORDER = ("solo_A", "solo_B", *MEASURED)
 
 
 def markdown(result: Mapping[str, Any]) -> str:
@@ -28,9 +31,9 @@ def markdown(result: Mapping[str, Any]) -> str:
               f"| measured / ideal | {r['measured_over_ideal']:.3f} |"]
     lines += ["", "| job | compute C (ms) | comm M (ms) | solo step (ms) |", "|---|---:|---:|---:|"]
     for job in ("A", "B"):
-        solo = result["scenarios"][f"solo_{job}"]["jobs"][job]
-        lines.append(f"| {job} | {1e3 * solo['compute_s']:.1f} | {1e3 * solo['comm_s']:.1f} | "
-                     f"{1e3 * solo['step_s']:.1f} |")
+        solo = JobStats.from_dict(result["scenarios"][f"solo_{job}"]["jobs"][job])
+        lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
+                     f"{1e3 * solo.step_time_s:.1f} |")
     return "\n".join(lines) + "\n"
 
 

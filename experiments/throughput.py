@@ -4,32 +4,20 @@ Kept apart from the launching code so it can be tested on hand-made stats.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-
-def job_summary(stats: Mapping[str, Any]) -> dict[str, float]:
-    """Per-job numbers in the schema the planner's validate reads."""
-    summary = {"images_per_s": float(stats["images_per_s"]),
-               "step_s": float(stats["step_time_s"]),
-               "timed_images": float(stats["global_batch_size"] * stats["timed_steps"]),
-               "timed_wall_s": float(stats["timed_wall_s"])}
-    for key in ("compute_s", "comm_s", "apply_s", "wait_s"):
-        if key in stats:
-            summary[key] = float(stats[key])
-    if "apply_s" in summary and "compute_s" in summary:
-        summary["compute_s"] += summary.pop("apply_s")  # device time per step
-    return summary
+from crossover_tf_planner.job_stats import JobStats
 
 
-def sequential_aggregate(jobs: Mapping[str, Mapping[str, float]]) -> float:
+def sequential_aggregate(jobs: Mapping[str, JobStats]) -> float:
     """A then B on the same hosts: all timed images over the sum of their timed walls."""
-    images = sum(j["timed_images"] for j in jobs.values())
-    return images / sum(j["timed_wall_s"] for j in jobs.values())
+    images = sum(j.timed_images for j in jobs.values())
+    return images / sum(j.timed_wall_s for j in jobs.values())
 
 
-def concurrent_aggregate(stats: Mapping[str, Mapping[str, Any]],
+def concurrent_aggregate(stats: Mapping[str, JobStats],
                          warmup_steps: int) -> tuple[float, dict[str, float], float]:
     """Steady state of jobs run together: images per second summed over jobs, counting only
     steps completed while *all* jobs were past warm-up and still running (a job that starts
@@ -37,7 +25,7 @@ def concurrent_aggregate(stats: Mapping[str, Mapping[str, Any]],
 
     Returns (aggregate images/s, per-job images/s, window seconds).
     """
-    ends = {name: np.asarray(s["step_end_ns"], dtype=np.int64) for name, s in stats.items()}
+    ends = {name: np.asarray(s.step_end_ns, dtype=np.int64) for name, s in stats.items()}
     start = max(e[warmup_steps] for e in ends.values())
     stop = min(e[-1] for e in ends.values())
     if stop <= start:
@@ -46,13 +34,13 @@ def concurrent_aggregate(stats: Mapping[str, Mapping[str, Any]],
     per_job = {}
     for name, e in ends.items():
         done = int(np.count_nonzero((e > start) & (e <= stop)))
-        per_job[name] = done * stats[name]["global_batch_size"] / window_s
+        per_job[name] = done * stats[name].global_batch_size / window_s
     return float(sum(per_job.values())), per_job, window_s
 
 
-def ideal_crossover_ratio(a: Mapping[str, float], b: Mapping[str, float]) -> float:
-    """Crossover over sequential when each job's compute C hides under the other's
-    communication M: (C_A+M_A + C_B+M_B) / (max(C_A, M_B) + max(C_B, M_A));
+def ideal_crossover_ratio(a: JobStats, b: JobStats) -> float:
+    """Crossover over sequential when each job's device time C (compute + apply) hides under
+    the other's communication M: (C_A+M_A + C_B+M_B) / (max(C_A, M_B) + max(C_B, M_A));
     (C+M)/max(C,M) for two equal jobs."""
-    crossed_round = max(a["compute_s"], b["comm_s"]) + max(b["compute_s"], a["comm_s"])
-    return (a["compute_s"] + a["comm_s"] + b["compute_s"] + b["comm_s"]) / crossed_round
+    crossed_round = max(a.device_s, b.comm_s) + max(b.device_s, a.comm_s)
+    return (a.device_s + a.comm_s + b.device_s + b.comm_s) / crossed_round

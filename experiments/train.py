@@ -3,21 +3,24 @@
   horovodrun --gloo -np 2 python -m experiments.train --job=A --group=pair0 --model=small_cnn
 
 Every rank trains; rank 0 writes TensorBoard scalars under <model_dir>/<job>/ (loss, accuracy,
-images/s, step time, lease wait and hold) and <model_dir>/<job>/stats.json, which compare.py
-and the planner read. An empty --group trains with plain Horovod (no lease): the baseline.
+images/s, step time, lease wait and hold) and <model_dir>/<job>/stats.json (a JobStats record),
+which compare.py and the planner read. An empty --group trains with plain Horovod (no lease):
+the baseline. Launchers build this script's command line with train_argv().
 """
 from __future__ import annotations
 
-import json
 import os
 import pathlib
+import sys
 import time
+import types
 from typing import Any, Mapping
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
+from crossover_tf_planner.job_stats import JobStats  # noqa: E402
 from experiments import config as config_lib  # noqa: E402
 
 FLAG_NAMES = ["job", "group", "model", "dataset", "data_dir", "global_batch_size", "steps",
@@ -25,37 +28,37 @@ FLAG_NAMES = ["job", "group", "model", "dataset", "data_dir", "global_batch_size
               "seed", "lease_timeout_s", "compression", "threads", "log_every", "start_barrier"]
 
 
-def define_flags() -> None:
-    """Defines this script's flags (idempotent, so compare.py can share them)."""
-    if "global_batch_size" in flags.FLAGS:
-        return
-    flags.DEFINE_string("job", "A", "Job name; TensorBoard logs go to <model_dir>/<job>/.")
-    flags.DEFINE_string("group", "", "Crossover group shared with the peer job; empty = plain "
-                        "Horovod without a device lease.")
-    flags.DEFINE_string("model", "small_cnn", "Model name from the models/ registry.")
-    flags.DEFINE_string("dataset", "synthetic:mnist", "synthetic[:mnist|cifar10|imagenet2012], "
-                        "mnist, cifar10 or imagenet2012 (tfds, from --data_dir).")
-    flags.DEFINE_string("data_dir", None, "tensorflow-datasets directory (real datasets only; "
-                        "nothing is downloaded).")
-    flags.DEFINE_integer("global_batch_size", 64, "Batch over all ranks (split evenly).")
-    flags.DEFINE_integer("steps", 50, "Training steps per epoch.")
-    flags.DEFINE_integer("epochs", 1, "Epochs.")
-    flags.DEFINE_integer("warmup_steps", 5, "Leading steps left out of timing (tracing, XLA "
-                         "compilation, Horovod negotiation).")
-    flags.DEFINE_float("learning_rate", 0.01, "SGD learning rate, used as given (not scaled "
-                       "by the number of ranks).")
-    flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
-    flags.DEFINE_boolean("jit_compile", True, "Compile compute and apply with XLA.")
-    flags.DEFINE_string("model_dir", "runs/train", "Where TensorBoard logs and stats go.")
-    flags.DEFINE_integer("seed", 0, "Seed for initial weights and data order.")
-    flags.DEFINE_float("lease_timeout_s", 300.0, "Fail if the device lease is not granted "
-                       "within this time (a stuck or dead peer).")
-    flags.DEFINE_enum("compression", "none", ["none", "fp16"], "Allreduce compression.")
-    flags.DEFINE_integer("threads", 0, "TF intra-op threads (0: TensorFlow's default, i.e. "
-                         "the CPUs this process may run on).")
-    flags.DEFINE_integer("log_every", 1, "Write TensorBoard step scalars every N steps.")
-    flags.DEFINE_string("start_barrier", "", "DIR:COUNT: wait before training until COUNT "
-                        "processes (all ranks of all jobs meant to run together) arrived.")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines this script's flags on flag_values (compare.py shares them)."""
+    define = config_lib.flag_definer(flag_values)
+    define(flags.DEFINE_string, "job", "A", "Job name; TensorBoard logs go to <model_dir>/<job>/.")
+    define(flags.DEFINE_string, "group", "", "Crossover group shared with the peer job; empty = "
+           "plain Horovod without a device lease.")
+    define(flags.DEFINE_string, "model", "small_cnn", "Model name from the models/ registry.")
+    define(flags.DEFINE_string, "dataset", "synthetic:mnist", "synthetic[:mnist|cifar10|"
+           "imagenet2012], mnist, cifar10 or imagenet2012 (tfds, from --data_dir).")
+    define(flags.DEFINE_string, "data_dir", None, "tensorflow-datasets directory (real datasets "
+           "only; nothing is downloaded).")
+    define(flags.DEFINE_integer, "global_batch_size", 64, "Batch over all ranks (split evenly).")
+    define(flags.DEFINE_integer, "steps", 50, "Training steps per epoch.")
+    define(flags.DEFINE_integer, "epochs", 1, "Epochs.")
+    define(flags.DEFINE_integer, "warmup_steps", 5, "Leading steps left out of timing "
+           "(tracing, XLA compilation, Horovod negotiation).")
+    define(flags.DEFINE_float, "learning_rate", 0.01, "SGD learning rate, used as given (not "
+           "scaled by the number of ranks).")
+    define(flags.DEFINE_float, "momentum", 0.9, "SGD momentum.")
+    define(flags.DEFINE_boolean, "jit_compile", True, "Compile compute and apply with XLA.")
+    define(flags.DEFINE_string, "model_dir", "runs/train", "Where TensorBoard logs and stats go.")
+    define(flags.DEFINE_integer, "seed", 0, "Seed for initial weights and data order.")
+    define(flags.DEFINE_float, "lease_timeout_s", 300.0, "Fail if the device lease is not "
+           "granted within this time (a stuck or dead peer).")
+    define(flags.DEFINE_enum, "compression", "none", "Allreduce compression.",
+           enum_values=["none", "fp16"])
+    define(flags.DEFINE_integer, "threads", 0, "TF intra-op threads (0: TensorFlow's default, "
+           "i.e. the CPUs this process may run on).")
+    define(flags.DEFINE_integer, "log_every", 1, "Write TensorBoard step scalars every N steps.")
+    define(flags.DEFINE_string, "start_barrier", "", "DIR:COUNT: wait before training until "
+           "COUNT processes (all ranks of all jobs meant to run together) arrived.")
 
 
 def validate(c: Any) -> None:
@@ -79,46 +82,46 @@ def validate(c: Any) -> None:
     config_lib.require(bool(c.job) and "/" not in c.job, f"bad job name {c.job!r}")
 
 
-def run(flag_values: flags.FlagValues = flags.FLAGS,
-        overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Trains one job (this process is one of its ranks); returns this rank's statistics."""
-    define_flags()
-    c = config_lib.resolve(flag_values, FLAG_NAMES, overrides, validate, "train")
-    import horovod.tensorflow as hvd
-    import keras
-    import numpy as np
-    import tensorflow as tf
+def settings(flag_values: flags.FlagValues = flags.FLAGS,
+             overrides: Mapping[str, Any] | None = None) -> types.SimpleNamespace:
+    """This script's settings: flag values with overrides on top, validated."""
+    define_flags(flag_values)
+    return config_lib.resolve(flag_values, FLAG_NAMES, overrides, validate, "train")
 
-    import crossover_tf
-    import models
+
+def train_argv(overrides: Mapping[str, Any]) -> list[str]:
+    """The command that runs this script with these settings (the rest at its defaults).
+
+    Validated exactly as the script validates its command line, so a bad setting fails in
+    the launcher rather than in every rank.
+    """
+    fresh = flags.FlagValues()  # this script's own defaults, whatever the caller's flags say
+    resolved = settings(fresh, overrides)
+    return [sys.executable, "-m", "experiments.train",
+            *(f"--{name}={value}" for name, value in vars(resolved).items() if value is not None)]
+
+
+def run(flag_values: flags.FlagValues = flags.FLAGS,
+        overrides: Mapping[str, Any] | None = None) -> JobStats:
+    """Trains one job (this process is one of its ranks); returns its statistics."""
+    c = settings(flag_values, overrides)
+    import keras
+
     from crossover_tf import callbacks as xo_callbacks
-    from crossover_tf import timeline
     from experiments import datasets
 
-    if c.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(c.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(2, c.threads))
-    compression = hvd.Compression.fp16 if c.compression == "fp16" else hvd.Compression.none
-    strategy = crossover_tf.CrossoverStrategy(group=c.group, lease_timeout_s=c.lease_timeout_s,
-                                              compression=compression)
+    _set_threads(c.threads)
+    strategy = _strategy(c)
     if c.global_batch_size % strategy.size:
         raise ValueError(f"global_batch_size {c.global_batch_size} is not divisible by the "
                          f"{strategy.size} ranks")
-    spec = datasets.dataset_spec(c.dataset)
     keras.utils.set_random_seed(c.seed)
-
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        return datasets.load_dataset(
+    train_data = strategy.distribute_datasets_from_function(
+        lambda context: datasets.load_dataset(
             c.dataset, split="train", local_batch_size=c.global_batch_size // strategy.size,
             num_shards=context.num_input_pipelines, shard_index=context.input_pipeline_id,
-            seed=c.seed, data_dir=c.data_dir)
-
-    train_data = strategy.distribute_datasets_from_function(dataset_fn)
-    with strategy.scope():
-        model = models.build_model(c.model, spec.image_shape, spec.num_classes)
-        model.compile(optimizer=keras.optimizers.SGD(c.learning_rate, momentum=c.momentum),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], jit_compile=c.jit_compile)
+            seed=c.seed, data_dir=c.data_dir))
+    model = _compiled_model(c, strategy)
     job_dir = pathlib.Path(c.model_dir) / c.job
     step_stats = xo_callbacks.StepStatistics(strategy, c.global_batch_size, str(job_dir),
                                              c.log_every)
@@ -128,34 +131,70 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     start_ns = time.time_ns()
     model.fit(train_data, epochs=c.epochs, steps_per_epoch=c.steps, verbose=0,
               callbacks=[*strategy.callbacks(), step_stats])
-    end_ns = time.time_ns()
-
-    timed = step_stats.records[c.warmup_steps:]
-    step_times = np.array([r["step_time_s"] for r in timed])
-    stats: dict[str, Any] = {
-        "job": c.job, "group": c.group, "rank": strategy.rank, "size": strategy.size,
-        "device_key": strategy.device_key, "model": c.model, "dataset": c.dataset,
-        "global_batch_size": c.global_batch_size, "steps": len(step_stats.records),
-        "timed_steps": len(timed), "jit_compile": bool(model.jit_compile),
-        "step_time_s": float(np.median(step_times)),
-        "images_per_s": float(c.global_batch_size * len(timed) / step_times.sum()),
-        "timed_wall_s": float(step_times.sum()),
-        "start_ns": start_ns, "end_ns": end_ns,
-        "losses": [r["loss"] for r in step_stats.records],
-        "step_end_ns": [r["end_ns"] for r in step_stats.records],
-        "lease": strategy.lease_stats(),
-    }
-    if strategy.lease is not None:
-        phases = timeline.step_phases(strategy.lease.timeline())
-        stats["phases_ns"] = phases.tolist()
-        for key, values in timeline.phase_durations(phases[c.warmup_steps:]).items():
-            stats[key] = float(np.median(values)) if len(values) else float("nan")
+    stats = _job_stats(c, strategy, model, step_stats.records, start_ns, time.time_ns())
     if strategy.should_save_summary:
         job_dir.mkdir(parents=True, exist_ok=True)
-        (job_dir / "stats.json").write_text(json.dumps(stats))
+        stats.to_json(job_dir / "stats.json")
     logging.info("job %s rank %d: %.1f images/s, median step %.1f ms", c.job, strategy.rank,
-                 stats["images_per_s"], 1e3 * stats["step_time_s"])
+                 stats.images_per_s, 1e3 * stats.step_time_s)
     return stats
+
+
+def _set_threads(threads: int) -> None:
+    """Caps TensorFlow's thread pools (0: leave TensorFlow's default)."""
+    if threads:
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+
+
+def _strategy(c: types.SimpleNamespace) -> Any:
+    import horovod.tensorflow as hvd
+
+    import crossover_tf
+    compression = hvd.Compression.fp16 if c.compression == "fp16" else hvd.Compression.none
+    return crossover_tf.CrossoverStrategy(group=c.group, lease_timeout_s=c.lease_timeout_s,
+                                          compression=compression)
+
+
+def _compiled_model(c: types.SimpleNamespace, strategy: Any) -> Any:
+    """The model, built and compiled under the strategy's scope."""
+    import keras
+
+    import models
+    from experiments import datasets
+    spec = datasets.dataset_spec(c.dataset)
+    with strategy.scope():
+        model = models.build_model(c.model, spec.image_shape, spec.num_classes)
+        model.compile(optimizer=keras.optimizers.SGD(c.learning_rate, momentum=c.momentum),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], jit_compile=c.jit_compile)
+    return model
+
+
+def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
+               records: list[dict[str, float]], start_ns: int, end_ns: int) -> JobStats:
+    """Timing of the steps after warm-up, and each phase's median from the lease timeline."""
+    import numpy as np
+
+    from crossover_tf import timeline
+    timed = records[c.warmup_steps:]
+    step_times = np.array([r["step_time_s"] for r in timed])
+    phases: dict[str, Any] = {}
+    if strategy.lease is not None:
+        phases_ns = timeline.step_phases(strategy.lease.timeline())
+        phases["phases_ns"] = phases_ns.tolist()
+        for key, values in timeline.phase_durations(phases_ns[c.warmup_steps:]).items():
+            phases[key] = float(np.median(values)) if len(values) else float("nan")
+    return JobStats(
+        job=c.job, group=c.group, rank=strategy.rank, size=strategy.size,
+        device_key=strategy.device_key, model=c.model, dataset=c.dataset,
+        global_batch_size=c.global_batch_size, steps=len(records), timed_steps=len(timed),
+        jit_compile=bool(model.jit_compile), step_time_s=float(np.median(step_times)),
+        images_per_s=float(c.global_batch_size * len(timed) / step_times.sum()),
+        timed_wall_s=float(step_times.sum()), start_ns=start_ns, end_ns=end_ns,
+        losses=[r["loss"] for r in records], step_end_ns=[r["end_ns"] for r in records],
+        lease=strategy.lease_stats(), **phases)
 
 
 main = config_lib.script_main(run)

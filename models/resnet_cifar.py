@@ -27,11 +27,15 @@ class ZeroPadShortcut(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         batch, height, width, _ = input_shape
-        half = lambda n: None if n is None else (n + 1) // 2
-        return (batch, half(height), half(width), self.filters)
+        return (batch, _half(height), _half(width), self.filters)
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters}
+
+
+def _half(n: int | None) -> int | None:
+    """Spatial size after a stride-2 layer with 'same' padding (None stays unknown)."""
+    return None if n is None else (n + 1) // 2
 
 
 def _conv_bn(x, filters: int, strides: int, relu: bool):

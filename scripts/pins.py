@@ -22,7 +22,7 @@ def all_requirements() -> dict[str, str]:
     for _, value in cfg["options.extras_require"].items():
         lines += value.splitlines()
     reqs = {}
-    for line in (l.strip() for l in lines):
+    for line in (raw.strip() for raw in lines):
         if line:
             name = re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0].lower()
             reqs[name] = line

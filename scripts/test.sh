@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The project's test command (README; .ci/run calls exactly this): install (cached), then pytest.
+# The project's test command (README; .ci/run calls exactly this): install (cached), lint with
+# ruff (ruff.toml; a lint error fails the run), then pytest.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${CROSSOVER_VENV:-$ROOT/.venv}
 bash "$ROOT/scripts/install.sh"
 cd "$ROOT"
+"$VENV/bin/ruff" check .
 set +e
 "$VENV/bin/python" -m pytest "$@"
 rc=$?

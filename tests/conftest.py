@@ -44,7 +44,7 @@ def lease_group() -> str:
     """A lease group no other test (or concurrent test run) uses; its segments are removed after."""
     group = f"t{uuid.uuid4().hex[:12]}"
     yield group
-    from crossover_tf.ops.segments import remove_group_segments
+    from crossover_tf.lease.segments import remove_group_segments
     remove_group_segments([group])
 
 

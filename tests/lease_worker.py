@@ -19,7 +19,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from crossover_tf.ops.lease import DeviceLease  # noqa: E402
+from crossover_tf.lease import DeviceLease  # noqa: E402
 from experiments.barrier import wait_at_barrier  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 
 from experiments.datasets import (  # noqa: E402
-    DATASETS, available_datasets, dataset_spec, load_dataset)
+    DATASETS, dataset_spec, load_dataset)
 
 TINY = dict(split="train", image_shape=(4, 4, 1), num_classes=3)
 

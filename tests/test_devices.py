@@ -174,7 +174,7 @@ def test_gpu_check_script_skips_clearly_without_a_gpu() -> None:
     from conftest import REPO_ROOT, gpu_visible
     if gpu_visible():
         pytest.skip("a GPU is visible: scripts/gpu_check.sh would run for real")
-    result = run_bounded(["bash", str(REPO_ROOT / "scripts" / "gpu_check.sh")], {"PATH": "/usr/bin:/bin"},
-                         timeout=60)
+    script = str(REPO_ROOT / "scripts" / "gpu_check.sh")
+    result = run_bounded(["bash", script], {"PATH": "/usr/bin:/bin"}, timeout=60)
     assert result.returncode == 0, result.stdout
     assert "gpu_check: SKIPPED - no NVIDIA GPU is visible" in result.stdout, result.stdout

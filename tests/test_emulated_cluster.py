@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from crossover_tf.cluster import cleanup, linkprobe, naming, shell
-from crossover_tf.cluster.launch import launch_job, wait_jobs
-from crossover_tf.cluster.netns import EmulatedCluster
+from experiments.cluster import cleanup, linkprobe, naming, shell
+from experiments.cluster.launch import launch_job, wait_jobs
+from experiments.cluster.netns import EmulatedCluster
 from experiments import launch_pair
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -181,7 +181,7 @@ def test_failed_rank_ends_job_and_is_reported(shaped_cluster, rank_script, tmp_p
 # A child that builds a cluster, reports its prefix, then waits to be signalled.
 CHILD = textwrap.dedent("""
     import sys, time
-    from crossover_tf.cluster.netns import EmulatedCluster
+    from experiments.cluster.netns import EmulatedCluster
     with EmulatedCluster(num_hosts=2) as cluster:
         print(cluster.prefix, flush=True)
         time.sleep(60)

@@ -6,8 +6,10 @@ import math
 
 import numpy as np
 import pytest
+from absl import flags
 
-from experiments import compare, throughput, train
+from crossover_tf_planner.job_stats import JobStats
+from experiments import compare, report, throughput, train
 
 
 @pytest.fixture(autouse=True)
@@ -46,8 +48,11 @@ def test_compare_rejects_bad_settings_clearly():
         compare.run(overrides={"num_hosts": 1})
 
 
-def _fake_stats(ends_ms: list[float], batch: int = 10) -> dict:
-    return {"step_end_ns": [int(t * 1e6) for t in ends_ms], "global_batch_size": batch}
+def _fake_stats(ends_ms: list[float], batch: int = 10, **fields) -> JobStats:
+    timing = {"steps": len(ends_ms), "timed_steps": len(ends_ms) - 1, "step_time_s": 0.01,
+              "images_per_s": 1000.0, "timed_wall_s": 0.01 * (len(ends_ms) - 1)}
+    return JobStats(job="A", global_batch_size=batch,
+                    step_end_ns=[int(t * 1e6) for t in ends_ms], **{**timing, **fields})
 
 
 def test_concurrent_aggregate_counts_only_the_common_window():
@@ -64,14 +69,49 @@ def test_concurrent_aggregate_counts_only_the_common_window():
                                          "B": _fake_stats([5, 6, 7])}, 1)
 
 
+def _phases(compute_s: float, comm_s: float, apply_s: float = 0.0) -> JobStats:
+    return _fake_stats([0, 1], compute_s=compute_s, comm_s=comm_s, apply_s=apply_s)
+
+
 def test_ideal_ratio_matches_hand_computed_cases():
-    equal = {"compute_s": 0.05, "comm_s": 0.05}
+    equal = _phases(0.04, 0.05, apply_s=0.01)  # device time C = compute + apply = 0.05
     assert throughput.ideal_crossover_ratio(equal, equal) == pytest.approx(2.0)
-    no_comm = {"compute_s": 0.05, "comm_s": 0.0}
+    no_comm = _phases(0.05, 0.0)
     assert throughput.ideal_crossover_ratio(no_comm, no_comm) == pytest.approx(1.0)
-    a, b = {"compute_s": 0.03, "comm_s": 0.05}, {"compute_s": 0.05, "comm_s": 0.02}
+    a, b = _phases(0.03, 0.05), _phases(0.05, 0.02)
     # round = max(C_A=.03, M_B=.02) + max(C_B=.05, M_A=.05) = .08 for .15 of solo time
     assert throughput.ideal_crossover_ratio(a, b) == pytest.approx(0.15 / 0.08)
+
+
+def test_sequential_scenario_credits_each_job_its_share_of_the_images():
+    a = _fake_stats(list(range(11)), batch=10, timed_wall_s=1.0, compute_s=0.02, comm_s=0.03,
+                    apply_s=0.01)
+    b = _fake_stats(list(range(11)), batch=30, timed_wall_s=2.0, compute_s=0.02, comm_s=0.03,
+                    apply_s=0.01)
+    summary = compare.summarise({"sequential": {"A": a, "B": b}}, 1, {})
+    sequential = summary["scenarios"]["sequential"]
+    assert sequential["aggregate_images_per_s"] == pytest.approx((100 + 300) / 3.0)
+    assert sequential["per_job_in_aggregate"]["B"] == pytest.approx(300 / 3.0)
+    assert JobStats.from_dict(summary["scenarios"]["solo_A"]["jobs"]["A"]) == a
+    assert "| A | 30.0 | 30.0 | 10.0 |" in report.markdown(
+        {**summary, "ratios": {k: 1.0 for k in (
+            "crossover_over_sequential", "crossover_over_naive",
+            "ideal_crossover_over_sequential", "measured_over_ideal")}})
+
+
+def test_train_argv_is_validated_and_round_trips_through_train_flags():
+    argv = train.train_argv({"job": "B", "group": "g1", "model": "mlp", "steps": 12,
+                             "start_barrier": ""})
+    assert argv[1:3] == ["-m", "experiments.train"]
+    parsed = flags.FlagValues()
+    train.define_flags(parsed)
+    parsed(["train", *argv[3:]])
+    assert (parsed.job, parsed.group, parsed.model, parsed.steps) == ("B", "g1", "mlp", 12)
+    assert parsed.lease_timeout_s == 300.0 and parsed.data_dir is None  # train.py's defaults
+    with pytest.raises(ValueError, match="steps must be positive"):
+        train.train_argv({"steps": 0})
+    with pytest.raises(ValueError, match="unknown setting"):
+        train.train_argv({"lease_timeout": 3})
 
 
 @pytest.mark.multiprocess
@@ -91,8 +131,8 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
     for value in saved["ratios"].values():
         assert math.isfinite(value) and value > 0
     for job in ("A", "B"):
-        solo = saved["scenarios"][f"solo_{job}"]["jobs"][job]
-        assert solo["compute_s"] > 0 and solo["comm_s"] > 0
+        solo = JobStats.from_dict(saved["scenarios"][f"solo_{job}"]["jobs"][job])
+        assert solo.compute_s > 0 and solo.apply_s > 0 and solo.comm_s > 0
         crossed = saved["scenarios"]["crossover"]["jobs"][job]
         assert crossed["images_per_s"] > 0
     assert "crossover / sequential" in (tmp_path / "compare.md").read_text()

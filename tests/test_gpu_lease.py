@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from crossover_tf.ops import lease as lease_lib
+from crossover_tf import lease as lease_lib
 
 pytestmark = pytest.mark.needs_gpu
 

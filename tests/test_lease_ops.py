@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from crossover_tf.ops import lease as lease_lib
-from crossover_tf.ops import segments
+from crossover_tf import lease as lease_lib
+from crossover_tf.lease import segments
 
 WORKER = str(pathlib.Path(__file__).with_name("lease_worker.py"))
 
@@ -30,7 +30,7 @@ class LeaseOpTest(tf.test.TestCase):
 
     def tearDown(self):
         self.lease.release()
-        lease_lib.unlink(self.group, "cpu0")
+        segments.unlink_segment(self.group, "cpu0")
         super().tearDown()
 
     def test_library_loads_and_registers_ops(self):
@@ -91,7 +91,7 @@ class LeaseOpTest(tf.test.TestCase):
             ops.crossover_acquire_lease([], group="x/y", device_key="cpu0")
 
     def test_stale_segment_of_wrong_layout_is_recreated(self):
-        lease_lib.unlink("stalegrp", "cpu0")
+        segments.unlink_segment("stalegrp", "cpu0")
         path = segments.segment_path("stalegrp", "cpu0")
         path.write_bytes(b"garbage from an older, crashed run")
         path.chmod(0o600)  # ours, private: replaceable (a readable one is refused, below)
@@ -100,7 +100,7 @@ class LeaseOpTest(tf.test.TestCase):
         stale.release()
         self.assertEqual(stale.stats().acquires, 1)
         self.assertGreater(path.stat().st_size, 64)
-        lease_lib.unlink("stalegrp", "cpu0")
+        segments.unlink_segment("stalegrp", "cpu0")
 
 
     def test_names_with_trailing_newline_rejected(self):
@@ -140,7 +140,7 @@ class LeaseOpTest(tf.test.TestCase):
         self.assertIsInstance(stats.acquires, int)
         self.assertEqual(stats.acquires, 1)
         with self.assertRaisesRegex(RuntimeError, "rebuild the op library"):
-            lease_lib.LeaseStats.from_op(np.zeros(2), ["acquires", "bogus"])
+            lease_lib.LeaseStats.from_op_output(np.zeros(2), [b"acquires", b"bogus"])
 
 
 def _spawn(child_env, *args: str) -> subprocess.Popen:
@@ -237,3 +237,15 @@ def test_holder_that_exited_without_release_is_reclaimed(tmp_path, lease_group, 
     assert time.monotonic() - start < 1.0
     assert lease.stats().recoveries >= 1
     lease.release()
+
+
+def test_stats_are_decoded_by_the_names_the_op_reports():
+    """The C++ core names each value, so any order it emits decodes to the right fields."""
+    names = list(reversed(lease_lib.STATS_FIELDS))
+    values = np.arange(1, len(names) + 1, dtype=np.float64)
+    stats = lease_lib.LeaseStats.from_op_output(values, [n.encode() for n in names])
+    by_name = dict(zip(names, values))
+    assert stats.acquires == by_name["acquires"] and isinstance(stats.acquires, int)
+    assert stats.max_hold_s == by_name["max_hold_s"] and stats.held is True
+    with pytest.raises(RuntimeError, match="rebuild the op library"):
+        lease_lib.LeaseStats.from_op_output(values[:8], names[:8])

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from crossover_tf.planner import analytical, fluid
-from crossover_tf.planner.profile import JobProfile
+from crossover_tf_planner import analytical, fluid
+from crossover_tf_planner.policies import PREDICTED
+from crossover_tf_planner.profile import JobProfile
 
 
 def job(name, compute, comm, **kw):
@@ -22,7 +23,7 @@ def test_equal_compute_and_comm_crossover_is_twice_sequential():
 
 def test_no_communication_means_no_gain():
     p = analytical.predict_pair(job("A", 0.05, 0.0), job("B", 0.03, 0.0))
-    for policy in analytical.PREDICTED:
+    for policy in PREDICTED:
         assert p.normalised[policy] == pytest.approx(1.0, rel=1e-3)
     assert p.recommendation == "do not pair"
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from crossover_tf.planner.pairing import match_gains, plan_pairs
-from crossover_tf.planner.profile import JobProfile
+from crossover_tf_planner.pairing import match_gains, plan_pairs
+from crossover_tf_planner.profile import JobProfile
 
 
 def test_matching_beats_greedy_on_a_path():

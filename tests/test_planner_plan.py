@@ -5,7 +5,7 @@ import json
 import pytest
 from absl import flags
 
-from crossover_tf.planner.profile import JobProfile
+from crossover_tf_planner.profile import JobProfile
 from experiments import plan
 
 

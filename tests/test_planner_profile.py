@@ -2,7 +2,8 @@
 
 import pytest
 
-from crossover_tf.planner.profile import JobProfile, load_profiles, profile_from_train_stats
+from crossover_tf_planner.job_stats import JobStats
+from crossover_tf_planner.profile import JobProfile, load_profiles, profile_from_train_stats
 
 
 def test_json_round_trip_through_file(tmp_path):
@@ -34,26 +35,45 @@ def test_missing_and_unknown_fields_are_named():
         JobProfile(name="A", compute_s=0.05, comm_s=0.1, source="guess")
 
 
+def _stats(**fields) -> JobStats:
+    base = {"job": "resnet", "global_batch_size": 256, "steps": 20, "timed_steps": 15,
+            "step_time_s": 0.12, "images_per_s": 2100.0, "timed_wall_s": 1.8,
+            "compute_s": 0.05, "comm_s": 0.04}
+    return JobStats(**{**base, **fields})
+
+
 def test_from_train_stats_puts_the_rest_of_the_step_in_other():
-    stats = {"step_time_s": 0.12, "compute_s": 0.05, "comm_s": 0.04,
-             "global_batch_size": 256, "comm_std_s": 0.004}
-    profile = profile_from_train_stats(stats, "resnet")
+    profile = profile_from_train_stats(_stats())
+    assert profile.name == "resnet"
     assert profile.other_s == pytest.approx(0.03)
     assert profile.period_s == pytest.approx(0.12)
-    assert profile.images_per_step == 256
-    assert profile.comm_std_s == 0.004 and profile.source == "measured"
-    with_apply = profile_from_train_stats({**stats, "apply_s": 0.01}, "resnet")
+    assert profile.images_per_step == 256 and profile.source == "measured"
+    with_apply = profile_from_train_stats(_stats(apply_s=0.01), "renamed", handoff_s=2e-4)
+    assert with_apply.name == "renamed" and with_apply.handoff_s == 2e-4
     assert with_apply.device_s == pytest.approx(0.06)
     assert with_apply.other_s == pytest.approx(0.02)
 
 
-def test_from_train_stats_rejects_missing_keys():
-    with pytest.raises(ValueError, match="comm_s"):
-        profile_from_train_stats({"step_time_s": 0.1, "compute_s": 0.05,
-                                  "global_batch_size": 64}, "A")
-    with pytest.raises(ValueError, match="step_time_s"):
-        profile_from_train_stats({"step_time_s": "x", "compute_s": 0.05, "comm_s": 0.01,
-                                  "global_batch_size": 64}, "A")
+def test_from_train_stats_needs_the_lease_phases():
+    with pytest.raises(ValueError, match="lack comm_s"):
+        profile_from_train_stats(_stats(comm_s=None))
+    with pytest.raises(ValueError, match="compute_s must be finite"):
+        profile_from_train_stats(_stats(compute_s=float("nan")))
+
+
+def test_job_stats_json_round_trip_and_clear_errors(tmp_path):
+    stats = _stats(apply_s=0.01, losses=[2.3, 2.1], phases_ns=[[1, 2, 3, 4, 5]],
+                   lease={"acquires": 2.0})
+    path = tmp_path / "stats.json"
+    stats.to_json(path)
+    assert JobStats.from_json(path) == stats
+    assert JobStats.from_json(stats.to_json()) == stats
+    assert stats.device_s == pytest.approx(0.06) and stats.timed_images == 256 * 15
+    assert _stats(apply_s=None).device_s is None
+    with pytest.raises(ValueError, match="missing required field.*timed_wall_s"):
+        JobStats.from_dict({k: v for k, v in stats.to_dict().items() if k != "timed_wall_s"})
+    with pytest.raises(ValueError, match="unknown field.*step_s"):
+        JobStats.from_dict({**stats.to_dict(), "step_s": 0.1})
 
 
 def test_load_profiles_rejects_duplicate_names(tmp_path):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from crossover_tf.planner.profile import JobProfile
-from crossover_tf.planner.simulator import SimJob, simulate
+from crossover_tf_planner.profile import JobProfile
+from crossover_tf_planner.simulator import SimJob, simulate
 
 
 def noisy(name, compute, comm):

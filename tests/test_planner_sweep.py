@@ -2,7 +2,7 @@
 
 import pytest
 
-from crossover_tf.planner import sweep
+from crossover_tf_planner import sweep
 
 CM = (0.5, 1.0, 2.0)
 PERIODS = (1.0, 1.5, 2.0)

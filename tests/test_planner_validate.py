@@ -4,11 +4,15 @@ import json
 
 import pytest
 
-from crossover_tf.planner import validate
+from crossover_tf_planner import validate
+from crossover_tf_planner.job_stats import JobStats
 
 
 def job(images_per_s, step, compute, comm):
-    return {"images_per_s": images_per_s, "step_s": step, "compute_s": compute, "comm_s": comm}
+    """A job's stats record; device time is split into compute and a 10% apply."""
+    return JobStats(job="J", global_batch_size=64, steps=20, timed_steps=10, step_time_s=step,
+                    images_per_s=images_per_s, timed_wall_s=10 * step, compute_s=0.9 * compute,
+                    apply_s=0.1 * compute, comm_s=comm).to_dict()
 
 
 def scenario(jobs):
@@ -33,6 +37,7 @@ def test_ratios_and_errors_from_a_hand_made_comparison(tmp_path):
     report = validate.validate_comparison(str(path), sim_steps=60)
     a, b = report["profiles"]
     assert a["images_per_step"] == pytest.approx(64) and b["comm_s"] == 0.075
+    assert a["compute_s"] + a["apply_s"] == pytest.approx(0.05) and a["other_s"] == 0.0
     row = report["normalised_ratios"]["crossover/sequential"]
     assert row["measured"] == pytest.approx(1.5)
     predicted = report["prediction"]["normalised"]

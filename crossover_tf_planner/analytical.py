@@ -42,12 +42,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from crossover_tf.planner import fluid
-from crossover_tf.planner.profile import JobProfile
+from crossover_tf_planner import fluid
+from crossover_tf_planner.policies import PREDICTED, recommended_policy
+from crossover_tf_planner.profile import JobProfile
 
-POLICIES = ("sequential", "naive", "shift", "crossover")
-PREDICTED = POLICIES + ("crossover_alternating",)
-RECOMMENDATIONS = ("cross", "shift", "do not pair")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +154,7 @@ def recommend(normalised: Mapping[str, float], min_gain: float = 0.05) -> tuple[
     shift has to be kept in place against run-time noise.
     """
     best = "cross" if normalised["crossover"] >= normalised["shift"] - 1e-9 else "shift"
-    best_value = normalised["crossover" if best == "cross" else "shift"]
+    best_value = normalised[recommended_policy(best)]
     gain = best_value / normalised["sequential"] - 1
     if gain < min_gain:
         return "do not pair", (f"best co-location ({best}) gains {gain:+.1%} over running "
@@ -184,7 +182,7 @@ class PairPrediction:
 
     @property
     def best_policy(self) -> str:
-        return {"cross": "crossover", "shift": "shift"}.get(self.recommendation, "sequential")
+        return recommended_policy(self.recommendation)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,7 +204,7 @@ def predict_pairs(pairs: Sequence[tuple[JobProfile, JobProfile]], *, min_gain: f
         images = np.array([a.images_per_step, b.images_per_step])
         normalised = {p: float(normalised_all[p][i]) for p in PREDICTED}
         choice, reason = recommend(normalised, min_gain)
-        chosen = {"cross": "crossover", "shift": "shift"}.get(choice, "sequential")
+        chosen = recommended_policy(choice)
         best_colocated = max(normalised["crossover"], normalised["shift"])
         predictions.append(PairPrediction(
             job_a=a.name, job_b=b.name, normalised=normalised,

@@ -10,17 +10,18 @@ reported too.  Error = (predicted - measured) / measured, in %.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Mapping
 
-from crossover_tf.planner.analytical import predict_pair
-from crossover_tf.planner.profile import JobProfile
-from crossover_tf.planner.simulator import SimJob, simulate
+from crossover_tf_planner.analytical import predict_pair
+from crossover_tf_planner.policies import MEASURED
+from crossover_tf_planner.job_stats import JobStats
+from crossover_tf_planner.profile import JobProfile, profile_from_train_stats
+from crossover_tf_planner.simulator import SimJob, simulate
 
-PAIR_SCENARIOS = ("sequential", "naive", "crossover")
 RATIOS = (("crossover", "sequential"), ("crossover", "naive"), ("naive", "sequential"))
-_JOB_KEYS = ("images_per_s", "step_s", "compute_s", "comm_s")
 
 
 def load_comparison(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
@@ -38,29 +39,27 @@ def load_comparison(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> dict
     return data
 
 
-def _solo_job(data: Mapping[str, Any], scenario: str) -> tuple[str, Mapping[str, Any]]:
+def _solo_job(data: Mapping[str, Any], scenario: str) -> tuple[str, JobStats]:
     jobs = data["scenarios"][scenario].get("jobs", {})
     if len(jobs) != 1:
         raise ValueError(f"scenario {scenario!r} must hold exactly one job, has {len(jobs)}")
-    (name, job), = jobs.items()
-    missing = [k for k in _JOB_KEYS if k not in job]
-    if missing:
-        raise ValueError(f"scenario {scenario!r} job {name!r} lacks {', '.join(missing)}")
-    return name, job
+    ((name, job),) = jobs.items()
+    return name, JobStats.from_dict(job)
 
 
 def profiles_from_comparison(data: Mapping[str, Any]) -> tuple[JobProfile, JobProfile]:
-    """Job profiles from the solo scenarios (hand-off cost from settings.handoff_s)."""
+    """Job profiles from the solo scenarios (hand-off cost from settings.handoff_s).
+
+    Images per step are the measured rate times the median step, so that a profile's solo
+    rate is exactly the measured one that measured_normalised divides by.
+    """
     handoff = float(data.get("settings", {}).get("handoff_s", 0.0))
     profiles = []
     for scenario in ("solo_A", "solo_B"):
-        name, job = _solo_job(data, scenario)
-        step, compute, comm = float(job["step_s"]), float(job["compute_s"]), float(job["comm_s"])
-        profiles.append(JobProfile(
-            name=name, compute_s=compute, comm_s=comm, other_s=max(0.0, step - compute - comm),
-            compute_std_s=float(job.get("compute_std_s", 0.0)),
-            comm_std_s=float(job.get("comm_std_s", 0.0)), handoff_s=handoff,
-            images_per_step=float(job["images_per_s"]) * step, source="measured"))
+        name, stats = _solo_job(data, scenario)
+        profiles.append(dataclasses.replace(
+            profile_from_train_stats(stats, name, handoff_s=handoff),
+            images_per_step=stats.images_per_s * stats.step_time_s))
     return profiles[0], profiles[1]
 
 
@@ -73,7 +72,7 @@ def measured_normalised(data: Mapping[str, Any], profiles: tuple[JobProfile, Job
     the rate while both ran), else its `images_per_s`.
     """
     out = {}
-    for scenario in PAIR_SCENARIOS:
+    for scenario in MEASURED:
         entry = data["scenarios"].get(scenario, {})
         jobs = entry.get("jobs", {})
         if all(p.name in jobs for p in profiles):
@@ -108,11 +107,11 @@ def validate_comparison(data_or_path: str | os.PathLike | Mapping[str, Any], *,
     prediction = predict_pair(a, b)
     simulated = {policy: simulate([SimJob(a, (0, 1), policy), SimJob(b, (0, 1), policy)],
                                   n_hosts=2, steps=sim_steps, seed=seed)
-                 for policy in PAIR_SCENARIOS}
+                 for policy in MEASURED}
     predicted_norm = {"analytical": prediction.normalised,
                       "simulated": {k: sum(r.normalised.values()) for k, r in simulated.items()}}
     measured_agg = {k: float(data["scenarios"][k]["aggregate_images_per_s"])
-                    for k in PAIR_SCENARIOS
+                    for k in MEASURED
                     if "aggregate_images_per_s" in data["scenarios"].get(k, {})}
     predicted_agg = {"analytical": prediction.images_per_s,
                      "simulated": {k: r.images_per_s for k, r in simulated.items()}}

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import networkx as nx
 
-from crossover_tf.planner.analytical import PairPrediction, predict_pairs
-from crossover_tf.planner.profile import JobProfile
+from crossover_tf_planner.analytical import PairPrediction, predict_pairs
+from crossover_tf_planner.profile import JobProfile
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Iterable
 
 from absl import logging
 
-from crossover_tf.cluster import naming, shell
-from crossover_tf.ops import segments
+from experiments.cluster import naming, shell
+from crossover_tf.lease import segments
 
 OWNER_DIR = pathlib.Path(tempfile.gettempdir()) / "crossover_tf_clusters"
 _MAX_OBJECTS = 1000  # bound on how many leftovers one sweep touches

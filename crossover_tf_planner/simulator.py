@@ -34,9 +34,9 @@ import itertools
 import random
 from typing import Any, Callable, Sequence
 
-from crossover_tf.planner.profile import JobProfile
+from crossover_tf_planner.policies import POLICIES
+from crossover_tf_planner.profile import JobProfile
 
-POLICIES = ("sequential", "naive", "shift", "crossover")
 _LEASED = ("sequential", "crossover")
 
 

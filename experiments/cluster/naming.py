@@ -43,7 +43,8 @@ def namespace(prefix: str, index: int) -> str:
 
 
 def netns_etc_dir(ns: str) -> pathlib.Path:
-    """Per-namespace /etc overrides that `ip netns exec` bind-mounts (see netns._write_hosts_file)."""
+    """Per-namespace /etc overrides that `ip netns exec` bind-mounts (see
+    netns._write_hosts_file)."""
     return NETNS_ETC_ROOT / ns
 
 

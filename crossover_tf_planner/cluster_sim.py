@@ -14,13 +14,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crossover_tf.planner.analytical import PairPrediction, predict_pairs
-from crossover_tf.planner.pairing import plan_pairs
-from crossover_tf.planner.profile import JobProfile
-from crossover_tf.planner.simulator import SimJob, simulate
+from crossover_tf_planner.analytical import PairPrediction, predict_pairs
+from crossover_tf_planner.pairing import plan_pairs
+from crossover_tf_planner.policies import POLICIES, recommended_policy
+from crossover_tf_planner.profile import JobProfile
+from crossover_tf_planner.simulator import SimJob, simulate
 
-CLUSTER_POLICIES = ("sequential", "naive", "shift", "crossover", "planned")
-_RECOMMENDED_POLICY = {"cross": "crossover", "shift": "shift", "do not pair": "sequential"}
+CLUSTER_POLICIES = POLICIES + ("planned",)
 
 
 def synthetic_profiles(n_jobs: int, *, seed: int = 0, period_s: tuple[float, float] = (0.05, 0.2),
@@ -63,7 +63,7 @@ def place(groups: Sequence[PairPrediction], profiles: Sequence[JobProfile], n_ho
     jobs = []
     for index, group in enumerate(groups):
         hosts = tuple(range(index * per_group, (index + 1) * per_group))
-        chosen = _RECOMMENDED_POLICY[group.recommendation] if policy == "planned" else policy
+        chosen = recommended_policy(group.recommendation) if policy == "planned" else policy
         offset = group.shift_offset_s if chosen == "shift" else 0.0
         jobs.append(SimJob(by_name[group.job_a], hosts, chosen))
         jobs.append(SimJob(by_name[group.job_b], hosts, chosen, start_s=offset))
@@ -82,7 +82,7 @@ def run_cluster(profiles: Sequence[JobProfile], n_hosts: int, *, steps: int = 60
         result = simulate(place(groups, profiles, n_hosts, policy), n_hosts, steps=steps,
                           seed=seed)
         summary = result.summary()
-        predicted = sum(g.normalised[_RECOMMENDED_POLICY[g.recommendation]
+        predicted = sum(g.normalised[recommended_policy(g.recommendation)
                                      if policy == "planned" else policy] for g in groups)
         simulated = summary["normalised_total"]
         out["policies"][policy] = {

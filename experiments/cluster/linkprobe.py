@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from crossover_tf.cluster.netns import EmulatedCluster, Host
+from experiments.cluster.netns import EmulatedCluster, Host
 
 # Receiver: prints its port, then "<bytes> <seconds from first to last byte>".
 _RECEIVER = r"""

@@ -37,7 +37,8 @@ def unregister(token: int) -> None:
 
 
 def run_all() -> None:
-    """Runs (and forgets) every registered callback, newest first; one failure does not stop the rest."""
+    """Runs (and forgets) every registered callback, newest first; one failure does not stop
+    the rest."""
     with _lock:
         pending = sorted(_callbacks.items(), reverse=True)
         _callbacks.clear()
@@ -58,7 +59,8 @@ def _on_signal(signum: int, frame) -> None:
 
 
 def _install_once() -> None:
-    """Hooks atexit once and the signals once (signals only from the main thread, as Python requires)."""
+    """Hooks atexit once and the signals once (signals only from the main thread, as Python
+    requires)."""
     global _atexit_installed
     if not _atexit_installed:
         _atexit_installed = True

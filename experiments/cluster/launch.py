@@ -18,9 +18,9 @@ from typing import Mapping, Sequence
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
-from crossover_tf.cluster import exit_hooks
-from crossover_tf.cluster.netns import EmulatedCluster, Host
-from crossover_tf.cluster.rendezvous import BoundRendezvousServer
+from experiments.cluster import exit_hooks
+from experiments.cluster.netns import EmulatedCluster, Host
+from experiments.cluster.rendezvous import BoundRendezvousServer
 
 POLL_INTERVAL_S = 0.1
 TERMINATE_GRACE_S = 5.0
@@ -99,7 +99,8 @@ def terminate_ranks(ranks: Sequence[Rank], grace_s: float = TERMINATE_GRACE_S) -
 
 def rank_env(cluster: EmulatedCluster, host: Host, slot_info, rendezvous_port: int,
              extra_env: Mapping[str, str]) -> dict[str, str]:
-    """Environment of one rank: caller's env, Horovod's Gloo run + slot vars, the host's identity."""
+    """Environment of one rank: caller's env, Horovod's Gloo run + slot vars, the host's
+    identity."""
     env = dict(os.environ)
     env.update(extra_env)
     env.update(create_run_env_vars(cluster.rendezvous_address, [host.iface], rendezvous_port))
@@ -112,7 +113,8 @@ def rank_env(cluster: EmulatedCluster, host: Host, slot_info, rendezvous_port: i
 def launch_job(cluster: EmulatedCluster, command: Sequence[str], *, job_name: str,
                env: Mapping[str, str] | None = None, log_dir: str | os.PathLike,
                timeout_s: float) -> JobHandle:
-    """Starts `command` once per host as one Horovod world; logs go to <log_dir>/<job>/rank<k>.log."""
+    """Starts `command` once per host as one Horovod world; logs go to
+    <log_dir>/<job>/rank<k>.log."""
     if not cluster.hosts:
         raise RuntimeError("launch_job needs a started cluster (use `with EmulatedCluster(...)`)")
     hosts_by_name = {h.name: h for h in cluster.hosts}

@@ -15,8 +15,8 @@ from typing import Iterable, Sequence
 
 from absl import logging
 
-from crossover_tf.cluster import cleanup, exit_hooks, naming, shaping, shell
-from crossover_tf.ops import segments
+from experiments.cluster import cleanup, exit_hooks, naming, shaping, shell
+from crossover_tf.lease import segments
 
 SUBNET_PREFIX = "198.18.0."
 SUBNET_BITS = 24
@@ -29,7 +29,8 @@ _PREFIX_ATTEMPTS = 26
 
 @dataclasses.dataclass(frozen=True)
 class Host:
-    """One emulated host: its Horovod hostname, namespace (None on localhost), address, NIC, CPUs."""
+    """One emulated host: its Horovod hostname, namespace (None on localhost), address, NIC,
+    CPUs."""
     name: str
     namespace: str | None
     address: str

@@ -9,7 +9,7 @@ import dataclasses
 
 from absl import logging
 
-from crossover_tf.cluster import shell
+from experiments.cluster import shell
 
 # The bucket must hold at least one full GSO aggregate, or tbf drops it; 10 ms of traffic keeps the
 # measured rate close to the configured one for transfers of a few MB.

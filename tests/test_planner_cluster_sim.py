@@ -4,13 +4,13 @@ import time
 
 import pytest
 
-from crossover_tf.planner import cluster
+from crossover_tf_planner import cluster_sim
 
 
 def test_64_hosts_32_jobs_runs_fast_and_crossing_pays():
-    profiles = cluster.synthetic_profiles(32, seed=1)
+    profiles = cluster_sim.synthetic_profiles(32, seed=1)
     started = time.perf_counter()
-    report = cluster.run_cluster(profiles, 64, steps=30,
+    report = cluster_sim.run_cluster(profiles, 64, steps=30,
                                  policies=("sequential", "crossover", "planned"))
     assert time.perf_counter() - started < 20
     rows = report["policies"]
@@ -25,7 +25,7 @@ def test_64_hosts_32_jobs_runs_fast_and_crossing_pays():
 
 def test_cluster_bad_inputs():
     with pytest.raises(ValueError, match="n_jobs"):
-        cluster.synthetic_profiles(0)
-    profiles = cluster.synthetic_profiles(8)
+        cluster_sim.synthetic_profiles(0)
+    profiles = cluster_sim.synthetic_profiles(8)
     with pytest.raises(ValueError, match="do not fit"):
-        cluster.place(cluster.group_jobs(profiles), profiles, 2, "crossover")
+        cluster_sim.place(cluster_sim.group_jobs(profiles), profiles, 2, "crossover")

@@ -3,7 +3,7 @@
 `netns` builds the cluster, `launch` starts and supervises a job's ranks in it, `cleanup` removes
 leftovers. Nothing here imports TensorFlow; `launch` imports only horovod.runner.
 """
-from crossover_tf.cluster.cleanup import cleanup_stale, remove_lease_segments
-from crossover_tf.cluster.netns import EmulatedCluster, Host
+from experiments.cluster.cleanup import cleanup_stale, remove_lease_segments
+from experiments.cluster.netns import EmulatedCluster, Host
 
 __all__ = ["EmulatedCluster", "Host", "cleanup_stale", "remove_lease_segments"]

@@ -1,29 +1,16 @@
-"""Thin Python loader and wrappers for the device-lease ops (ops/lease_ops.cc).
-
-The shared library is loaded on first use, as Horovod and tensorflow/custom-op do, so importing
-crossover_tf stays cheap and a missing build gives a clear message instead of an ImportError
-deep in TensorFlow.
-"""
+"""DeviceLease: builds and runs the lease ops (ops/lease_ops.cc) for one (group, device)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import os
-import pathlib
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from crossover_tf.ops import segments
-from crossover_tf.ops.segments import validate_name
-
-LIBRARY_NAME = "_lease_ops.so"
-# Where the library may be: $CROSSOVER_LEASE_OPS (explicit), beside this file (pip build,
-# ops/Makefile), or ops/ at the repository root (Bazel runfiles of //ops:_lease_ops.so).
-LIBRARY_CANDIDATES = (pathlib.Path(__file__).with_name(LIBRARY_NAME),
-                      pathlib.Path(__file__).resolve().parents[2] / "ops" / LIBRARY_NAME)
+from crossover_tf.lease import segments
+from crossover_tf.lease.loader import load_library
+from crossover_tf.lease.segments import validate_name
 
 # Tags recorded with each acquisition in the lease timeline.
 TAG_COMPUTE = 1
@@ -44,24 +31,6 @@ def validate_timeout(timeout_s: float) -> float:
     return float(timeout_s)
 
 
-@functools.lru_cache(maxsize=None)
-def load_library() -> Any:
-    """Loads _lease_ops.so once; raises a clear error if it was never built."""
-    explicit = os.environ.get("CROSSOVER_LEASE_OPS")
-    candidates = (pathlib.Path(explicit),) if explicit else LIBRARY_CANDIDATES
-    for path in candidates:
-        if path.exists():
-            return tf.load_op_library(str(path))
-    raise FileNotFoundError(
-        f"crossover_tf lease op library not found (looked in {[str(c) for c in candidates]}); "
-        "build it with `make -C ops PYTHON=$(which python)` or run scripts/install.sh")
-
-
-def unlink(group: str, device_key: str) -> None:
-    """Removes the segment name; processes that have it open keep working."""
-    segments.segment_path(group, device_key).unlink(missing_ok=True)
-
-
 @dataclasses.dataclass(frozen=True)
 class LeaseStats:
     """This process's cumulative use of one lease."""
@@ -75,18 +44,23 @@ class LeaseStats:
     max_hold_s: float
     held: bool
 
-    @classmethod
-    def from_op(cls, values: np.ndarray, names: list[str]) -> "LeaseStats":
-        """Builds the record from the stats op, whose field names come from the C++ core."""
-        fields = {f.name: f.type for f in dataclasses.fields(cls)}
-        if sorted(names) != sorted(fields):
-            raise RuntimeError(f"lease op library reports stats {names}, this module expects "
-                               f"{sorted(fields)}: rebuild the op library (make -C ops)")
-        cast = {"int": int, "float": float, "bool": bool}
-        return cls(**{n: cast[fields[n]](v) for n, v in zip(names, values)})
-
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_op_output(cls, values: Any, names: Any) -> "LeaseStats":
+        """Decodes CrossoverLeaseStats' (values, names): the C++ core names each value, so the
+        order is defined once, there (kLeaseStatsFields)."""
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(names)]
+        if sorted(names) != sorted(STATS_FIELDS):
+            raise RuntimeError(f"lease op library reports stats {names}, this module expects "
+                               f"{list(STATS_FIELDS)}: rebuild the op library (make -C ops)")
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        return cls(**{n: _DECODE[types[n]](v) for n, v in zip(names, np.asarray(values))})
+
+
+STATS_FIELDS = tuple(f.name for f in dataclasses.fields(LeaseStats))
+_DECODE = {"int": int, "float": float, "bool": bool}
 
 
 class DeviceLease:
@@ -126,7 +100,7 @@ class DeviceLease:
     def stats(self) -> LeaseStats:
         values, names = self._ops.crossover_lease_stats(group=self.group,
                                                         device_key=self.device_key)
-        return LeaseStats.from_op(np.asarray(values), [n.decode() for n in np.asarray(names)])
+        return LeaseStats.from_op_output(values, names)
 
     def timeline(self) -> np.ndarray:
         """[n, 4] int64: request_ns, acquired_ns, released_ns (0 = held), tag; wall clock."""

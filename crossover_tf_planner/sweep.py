@@ -14,13 +14,10 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
-import numpy as np  # noqa: E402
-
-from crossover_tf.planner import analytical  # noqa: E402
+from crossover_tf_planner import analytical
+from crossover_tf_planner.policies import PREDICTED
 
 DEFAULT_CM_RATIOS = tuple(float(x) for x in np.logspace(-1, 1, 7))
 DEFAULT_PERIOD_RATIOS = tuple(float(x) for x in np.linspace(1, 4, 13))
@@ -121,12 +118,15 @@ def run_sweep(cm_ratios: Sequence[float] = DEFAULT_CM_RATIOS,
     steps = analytical.policy_steps_per_s(times, n_offsets=n_offsets, n_events=n_events)
     shape = (len(cm_ratios), len(cm_ratios), len(period_ratios))
     normalised = {policy: analytical.normalised_throughput(steps[policy], times).reshape(shape)
-                  for policy in analytical.PREDICTED}
+                  for policy in PREDICTED}
     return SweepResult(tuple(cm_ratios), tuple(period_ratios), threshold, normalised)
 
 
 def save_heatmap(result: SweepResult, path: str | os.PathLike) -> str:
     """Two panels (shift, crossover): share of job-B shapes where the method helps."""
+    import matplotlib  # local: only plotting needs it, and its import is slow
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     for axis, policy in zip(axes, ("shift", "crossover")):
         share = result.helps(policy).mean(axis=1).T

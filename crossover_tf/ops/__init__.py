@@ -1,1 +1,0 @@
-"""Custom TensorFlow ops of crossover_tf (built from ../../ops, loaded lazily)."""

@@ -1,0 +1,63 @@
+"""What one training job measured: the record experiments/train.py writes as stats.json.
+
+The comparison (experiments/compare.py, throughput.py) and the planner (profile, validate) all
+read this one typed record, so a field means the same everywhere. Plain Python, no TensorFlow.
+
+Time per step is split into distinct names: ``compute_s`` is the lease hold for forward and
+backward only, ``apply_s`` the hold for the optimizer update, and ``device_s`` their sum (all
+the time a step needs the device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from crossover_tf_planner import json_io
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStats(json_io.JsonRecord):
+    """One job's measured steps (rank 0's view; every rank computes the same record).
+
+    The phase medians (compute_s, comm_s, wait_s, apply_s) come from the lease timeline over
+    the timed steps; they are None for a job trained without a crossover group.
+    """
+
+    record_kind = "job stats"
+    name_field = "job"
+
+    job: str
+    global_batch_size: int
+    steps: int  # all steps run, warm-up included
+    timed_steps: int  # steps after warm-up
+    step_time_s: float  # median wall time of a timed step
+    images_per_s: float  # timed images over the timed steps' wall time
+    timed_wall_s: float
+    group: str = ""
+    rank: int = 0
+    size: int = 1
+    device_key: str = ""
+    model: str = ""
+    dataset: str = ""
+    jit_compile: bool = False
+    start_ns: int = 0
+    end_ns: int = 0
+    losses: list[float] = dataclasses.field(default_factory=list)
+    step_end_ns: list[int] = dataclasses.field(default_factory=list)
+    lease: dict[str, float] = dataclasses.field(default_factory=dict)
+    phases_ns: list[list[int]] = dataclasses.field(default_factory=list)
+    compute_s: float | None = None  # lease held for forward + backward
+    comm_s: float | None = None  # from yielding after compute to asking again (allreduce)
+    wait_s: float | None = None  # queued behind the peer before the apply
+    apply_s: float | None = None  # lease held for the optimizer update
+
+    @property
+    def device_s(self) -> float | None:
+        """Time per step on the device: compute plus apply (None without a lease timeline)."""
+        if self.compute_s is None or self.apply_s is None:
+            return None
+        return self.compute_s + self.apply_s
+
+    @property
+    def timed_images(self) -> int:
+        return self.global_batch_size * self.timed_steps

@@ -1,0 +1,112 @@
+"""Job profiles: the per-step timing a planner needs, validated and saved as JSON.
+
+A job's training step is modelled as a cycle of three phases:
+
+* ``device``: compute (forward + backward) plus the optimizer apply, both under
+  the device lease (``compute_s + apply_s``);
+* ``link``: the gradient allreduce, i.e. time on the network at full bandwidth
+  (``comm_s``);
+* ``other``: whatever is left of the step that uses neither (input pipeline,
+  Python overhead); it is ``step - device - link`` when measured.
+
+Everything downstream (analytical model, simulator, sweep) reads only these
+numbers, so a profile can come from a profiling run or be written by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from crossover_tf_planner import json_io
+from crossover_tf_planner.job_stats import JobStats
+
+SOURCES = ("measured", "manual", "synthetic")
+
+_TIME_FIELDS = ("compute_s", "comm_s", "compute_std_s", "comm_std_s", "apply_s",
+                "handoff_s", "other_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobProfile(json_io.JsonRecord):
+    """Per-iteration timing of one training job (seconds, means and std devs)."""
+
+    record_kind = "job profile"
+    json_style = {"indent": 2, "sort_keys": True}
+
+    name: str
+    compute_s: float
+    comm_s: float
+    compute_std_s: float = 0.0
+    comm_std_s: float = 0.0
+    apply_s: float = 0.0
+    handoff_s: float = 0.0
+    other_s: float = 0.0
+    images_per_step: float = 1.0
+    source: str = "manual"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("JobProfile.name must be a non-empty string")
+        for field in _TIME_FIELDS:
+            _check_time(field, getattr(self, field), self.name)
+        if self.compute_s <= 0:
+            raise ValueError(f"JobProfile {self.name!r}: compute_s must be > 0 "
+                             f"(got {self.compute_s}); a step always computes")
+        _check_time("images_per_step", self.images_per_step, self.name)
+        if self.images_per_step <= 0:
+            raise ValueError(f"JobProfile {self.name!r}: images_per_step must be > 0")
+        if self.source not in SOURCES:
+            raise ValueError(f"JobProfile {self.name!r}: source must be one of "
+                             f"{SOURCES} (got {self.source!r})")
+
+    @property
+    def device_s(self) -> float:
+        """Time per step the job needs the device (compute + apply)."""
+        return self.compute_s + self.apply_s
+
+    @property
+    def period_s(self) -> float:
+        """Solo step time: the job alone on its devices and links."""
+        return self.device_s + self.comm_s + self.other_s
+
+    @property
+    def solo_images_per_s(self) -> float:
+        return self.images_per_step / self.period_s
+
+
+def _check_time(field: str, value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"JobProfile {name!r}: {field} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"JobProfile {name!r}: {field} must be finite and >= 0, got {value}")
+
+
+def profile_from_train_stats(stats: JobStats, name: str | None = None, *,
+                             handoff_s: float = 0.0) -> JobProfile:
+    """Builds a profile from what ``experiments/train.py`` measured (its stats.json).
+
+    Device time is the lease hold for forward/backward (``compute_s``) plus the apply
+    (``apply_s``); ``comm_s`` is the allreduce; the rest of the median step (clipped at 0)
+    becomes ``other_s``. The job must have run with a lease (the timeline gives the phases).
+    """
+    name = name or stats.job
+    missing = [key for key in ("compute_s", "comm_s") if getattr(stats, key) is None]
+    if missing:
+        raise ValueError(f"training stats for {name!r} lack {', '.join(missing)}: profile a "
+                         "job trained with a crossover group, whose lease timeline has them")
+    apply = stats.apply_s or 0.0
+    rest = stats.step_time_s - stats.compute_s - stats.comm_s - apply
+    return JobProfile(name=name, compute_s=stats.compute_s, comm_s=stats.comm_s, apply_s=apply,
+                      handoff_s=handoff_s, other_s=max(0.0, rest),
+                      images_per_step=float(stats.global_batch_size), source="measured")
+
+
+def load_profiles(paths: list[str]) -> list[JobProfile]:
+    """Loads several profile files; the names must be unique."""
+    profiles = [JobProfile.from_json(path) for path in paths]
+    names = [p.name for p in profiles]
+    if len(set(names)) != len(names):
+        raise ValueError(f"job profile names must be unique, got {names}")
+    return profiles
