@@ -50,6 +50,7 @@ class JobStats(json_io.JsonRecord):
     comm_s: float | None = None  # from yielding after compute to asking again (allreduce)
     wait_s: float | None = None  # queued behind the peer before the apply
     apply_s: float | None = None  # lease held for the optimizer update
+    peak_device_memory_mb: float | None = None  # GPU only: TensorFlow's peak allocation
 
     @property
     def device_s(self) -> float | None:

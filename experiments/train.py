@@ -25,7 +25,8 @@ from experiments import config as config_lib  # noqa: E402
 
 FLAG_NAMES = ["job", "group", "model", "dataset", "data_dir", "global_batch_size", "steps",
               "epochs", "warmup_steps", "learning_rate", "momentum", "jit_compile", "model_dir",
-              "seed", "lease_timeout_s", "compression", "threads", "log_every", "start_barrier"]
+              "seed", "lease_timeout_s", "compression", "threads", "log_every", "start_barrier",
+              "memory_limit_mb"]
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -59,6 +60,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_integer, "log_every", 1, "Write TensorBoard step scalars every N steps.")
     define(flags.DEFINE_string, "start_barrier", "", "DIR:COUNT: wait before training until "
            "COUNT processes (all ranks of all jobs meant to run together) arrived.")
+    define(flags.DEFINE_integer, "memory_limit_mb", 0, "GPU only: cap this job's GPU memory "
+           "at this many MiB (0: memory growth, TensorFlow takes memory as it needs it).")
 
 
 def validate(c: Any) -> None:
@@ -79,6 +82,7 @@ def validate(c: Any) -> None:
                        f"{c.learning_rate}")
     config_lib.require(c.lease_timeout_s > 0, "lease_timeout_s must be positive")
     config_lib.require(c.threads >= 0, "threads must be >= 0")
+    config_lib.require(c.memory_limit_mb >= 0, "memory_limit_mb must be >= 0 (0: growth)")
     config_lib.require(bool(c.job) and "/" not in c.job, f"bad job name {c.job!r}")
 
 
@@ -154,7 +158,8 @@ def _strategy(c: types.SimpleNamespace) -> Any:
     import crossover_tf
     compression = hvd.Compression.fp16 if c.compression == "fp16" else hvd.Compression.none
     return crossover_tf.CrossoverStrategy(group=c.group, lease_timeout_s=c.lease_timeout_s,
-                                          compression=compression)
+                                          compression=compression,
+                                          memory_limit_mb=c.memory_limit_mb or None)
 
 
 def _compiled_model(c: types.SimpleNamespace, strategy: Any) -> Any:
@@ -194,7 +199,16 @@ def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
         images_per_s=float(c.global_batch_size * len(timed) / step_times.sum()),
         timed_wall_s=float(step_times.sum()), start_ns=start_ns, end_ns=end_ns,
         losses=[r["loss"] for r in records], step_end_ns=[r["end_ns"] for r in records],
-        lease=strategy.lease_stats(), **phases)
+        lease=strategy.lease_stats(), peak_device_memory_mb=_peak_device_memory_mb(),
+        **phases)
+
+
+def _peak_device_memory_mb() -> float | None:
+    """Peak memory TensorFlow allocated on this rank's GPU (None without a GPU)."""
+    import tensorflow as tf
+    if not tf.config.list_logical_devices("GPU"):
+        return None
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
 
 
 main = config_lib.script_main(run)

@@ -178,3 +178,24 @@ def test_gpu_check_script_skips_clearly_without_a_gpu() -> None:
     result = run_bounded(["bash", script], {"PATH": "/usr/bin:/bin"}, timeout=60)
     assert result.returncode == 0, result.stdout
     assert "gpu_check: SKIPPED - no NVIDIA GPU is visible" in result.stdout, result.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_gpu_pair_experiment_runs_and_reports_every_scenario(tmp_path: pathlib.Path,
+                                                             child_env: dict[str, str]) -> None:
+    """What gpu_check.sh runs on a GPU, run here on the CPU as the shared device."""
+    child_env.pop(devices.DEVICE_KEY_ENV, None)
+    result = run_bounded([sys.executable, "-m", "experiments.gpu_pair", "--model=small_cnn",
+                          "--dataset=synthetic:mnist", "--global_batch_size=32", "--steps=120",
+                          "--warmup_steps=5", f"--model_dir={tmp_path}", "--timeout_s=300"],
+                         child_env, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    summary = json.loads((tmp_path / "gpu_pair.json").read_text())
+    assert [(r["scenario"], r["job"]) for r in summary["rows"]] == [
+        ("solo", "A"), ("naive", "A"), ("naive", "B"), ("crossover", "A"), ("crossover", "B")]
+    assert all(r["images_per_s"] > 0 and r["peak_device_memory_mb"] is None
+               for r in summary["rows"])
+    assert set(summary["ratios"]) == {"crossover_over_naive", "crossover_over_solo",
+                                      "naive_over_solo"}
+    assert "| crossover | B |" in (tmp_path / "gpu_pair.md").read_text()
