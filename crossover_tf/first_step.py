@@ -1,28 +1,32 @@
-"""What must happen before a fit's first step, before the job first takes the device lease.
+"""What must happen before the first step of a fit (or evaluate, predict), before the lease.
 
 1. Build everything a step updates from the first batch: layers, metrics, loss and the
    optimizer's slots. Without a tf.distribute strategy Keras 3 leaves this to the first trace,
-   which is too late for 2: a subclassed model or Adam's slots would not exist yet.
-2. Copy rank 0's weights and optimizer state to every rank (sync_state), so differently seeded
-   ranks, or a checkpoint restored on rank 0 only, start identical. Once per fit, like
-   Horovod's broadcast callback (which runs after the first batch for the same reason).
-3. Compile the XLA parts outside the lease (warm_up).
+   which is too late for 2 (a subclassed model or Adam's slots would not exist yet) and fails
+   inside a nested XLA function.
+2. Training: copy rank 0's weights and optimizer state to every rank (sync_state), so
+   differently seeded ranks, or a checkpoint restored on rank 0 only, start identical. Once per
+   fit, like Horovod's broadcast callback (which runs after the first batch for the same reason).
+3. With XLA and a lease: compile the step's XLA parts outside the lease (warm_up).
 The batch used for this is then the first one trained on (or evaluated), as usual.
 """
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import keras
 import tensorflow as tf
+from keras.src.trainers.data_adapters import data_adapter_utils
 
 from crossover_tf import warm_up
 
 if TYPE_CHECKING:
+    from crossover_tf.inference_step import LeasedInferenceStep
     from crossover_tf.train_step import CrossoverTrainStep
 
 SyncState = Callable[[Sequence[Any]], None]
+BeforeFirstStep = Callable[[Any, Any], None]  # (first batch, its type spec)
 
 
 def model_state(model: keras.Model) -> list[Any]:
@@ -35,40 +39,58 @@ def model_state(model: keras.Model) -> list[Any]:
 
 
 class PreparedFunction:
-    """Keras' train or test function for one fit/evaluate call: before its first step it
-    builds everything from the first batch (1 above); for training, also 2 and 3."""
+    """Keras' train, test or predict function for one fit/evaluate/predict call; runs
+    before_first_step on the first batch before its first step."""
 
-    def __init__(self, function: Callable[[Any], Any], model: keras.Model,
-                 train_step: "CrossoverTrainStep | None" = None,
-                 sync_state: SyncState | None = None):
+    def __init__(self, function: Callable[[Any], Any], before_first_step: BeforeFirstStep):
         self.function = function
-        self.model = model
-        self.train_step = train_step
-        self.sync_state = sync_state
+        self.before_first_step = before_first_step
         self.prepared = False
 
-    def __call__(self, iterator: Any) -> Any:
+    def __call__(self, data: Any) -> Any:
         if not self.prepared:
-            iterator = self._prepare(iterator)
+            data = self._prepare(data)
             self.prepared = True
-        return self.function(iterator)
+        return self.function(data)
 
-    def _prepare(self, iterator: Any) -> Iterator[Any]:
-        spec = getattr(iterator, "element_spec", None)
-        data = next(iterator)  # end of data: StopIteration, which Keras handles
-        if spec is None:
-            spec = tf.nest.map_structure(_spec_of, data)
-        model = self.model
+    def _prepare(self, data: Any) -> Any:
+        if isinstance(data, list):  # predict: a list of batches
+            self.before_first_step(data[0], tf.nest.map_structure(_spec_of, data[0]))
+            return data
+        spec = getattr(data, "element_spec", None)
+        first = next(data)  # end of data: StopIteration, which Keras handles
+        self.before_first_step(first, spec or tf.nest.map_structure(_spec_of, first))
+        return itertools.chain([first], data)
+
+
+def before_training(step: "CrossoverTrainStep", sync_state: SyncState | None) -> BeforeFirstStep:
+    """1-3 for a train step."""
+
+    def prepare(data: Any, spec: Any) -> None:
+        model = step.model
         model._symbolic_build(data_batch=data)
-        step = self.train_step
-        if step is not None:
-            if not model.optimizer.built:
-                model.optimizer.build(model.trainable_variables)
-            if self.sync_state is not None:
-                self.sync_state(model_state(model))
-            if step.lease is not None and step.jit_compile:
-                warm_up.compile_outside_lease(step, data, spec)
-        return itertools.chain([data], iterator)
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        if sync_state is not None:
+            sync_state(model_state(model))
+        if step.lease is not None and step.jit_compile:
+            step.compute.get_concrete_function(*data_adapter_utils.unpack_x_y_sample_weight(spec))
+            warm_up.compile_outside_lease(model, step.compute_and_apply, data)
+
+    return prepare
+
+
+def before_inference(step: "LeasedInferenceStep", build: bool) -> BeforeFirstStep:
+    """1 (for test steps: predict has no metrics to build) and 3 for a test or predict step."""
+
+    def prepare(data: Any, spec: Any) -> None:
+        if build:
+            step.model._symbolic_build(data_batch=data)
+        if step.jit_compile:
+            step.run.get_concrete_function(spec)
+            warm_up.compile_outside_lease(step.model, step.run, data)
+
+    return prepare
 
 
 def _spec_of(value: Any) -> Any:

@@ -50,22 +50,23 @@ def install(model: keras.Model, setup: CrossoverSetup) -> None:
         return CrossoverTrainStep(m, setup.lease, setup.allreduce, m.jit_compile)
 
     def train_function(function: StepFunction, step: CrossoverTrainStep) -> StepFunction:
-        prepared = first_step.PreparedFunction(function, model, step, setup.sync_state)
+        prepared = first_step.PreparedFunction(
+            function, first_step.before_training(step, setup.sync_state))
         return _release_on_error(prepared, setup.lease, step.jit_compile, "training")
 
-    def test_function(function: StepFunction, step: LeasedInferenceStep) -> StepFunction:
-        prepared = first_step.PreparedFunction(function, model)
-        return _release_on_error(prepared, setup.lease, step.jit_compile, "test")
-
-    def predict_function(function: StepFunction, step: LeasedInferenceStep) -> StepFunction:
-        return _release_on_error(function, setup.lease, step.jit_compile, "predict")
-
+    def inference_function(kind: str) -> Callable[[StepFunction, Any], StepFunction]:
+        def wrap(function: StepFunction, step: LeasedInferenceStep) -> StepFunction:
+            prepared = first_step.PreparedFunction(
+                function, first_step.before_inference(step, build=kind == "test"))
+            return _release_on_error(prepared, setup.lease, step.jit_compile, kind)
+        return wrap
 
     _hook(model, "train", train_step, train_function)
     if setup.lease is None:
         return
-    for kind, wrap in (("test", test_function), ("predict", predict_function)):
-        _hook(model, kind, lambda m, kind=kind: LeasedInferenceStep(m, setup.lease, kind), wrap)
+    for kind in ("test", "predict"):
+        _hook(model, kind, lambda m, kind=kind: LeasedInferenceStep(m, setup.lease, kind),
+              inference_function(kind))
 
 
 def _hook(model: keras.Model, kind: str, make_step: Callable[[keras.Model], Step],

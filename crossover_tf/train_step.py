@@ -57,6 +57,11 @@ class CrossoverTrainStep:
         run_holding_device(self.lease, lease_lib.TAG_APPLY, self.apply, grads)
         return metrics
 
+    def compute_and_apply(self, data: Any) -> tf.Tensor:
+        """compute then apply without lease or allreduce: what warm_up compiles."""
+        grads, _ = self.compute(*data_adapter_utils.unpack_x_y_sample_weight(data))
+        return self.apply(grads)
+
     def crossover_compute_gradients(self, x: Any, y: Any,
                                     sample_weight: Any) -> tuple[list[Any], dict[str, Any]]:
         """Forward, loss, backward and metric updates: everything that needs the device."""
