@@ -6,8 +6,10 @@
    inside a nested XLA function.
 2. Training: copy rank 0's weights and optimizer state to every rank (sync_state), so
    differently seeded ranks, or a checkpoint restored on rank 0 only, start identical. Once per
-   fit, like Horovod's broadcast callback (which runs after the first batch for the same reason).
-3. With XLA and a lease: compile the step's XLA parts outside the lease (warm_up).
+   fit (and train_on_batch call), like Horovod's broadcast callback (which runs after the first
+   batch for the same reason).
+3. With XLA and a lease: compile the step's XLA parts outside the lease (warm_up), once per
+   step (a step lives until the next compile).
 The batch used for this is then the first one trained on (or evaluated), as usual.
 """
 from __future__ import annotations
@@ -73,9 +75,10 @@ def before_training(step: "CrossoverTrainStep", sync_state: SyncState | None) ->
             model.optimizer.build(model.trainable_variables)
         if sync_state is not None:
             sync_state(model_state(model))
-        if step.lease is not None and step.jit_compile:
+        if step.lease is not None and step.jit_compile and not step.compiled:
             step.compute.get_concrete_function(*data_adapter_utils.unpack_x_y_sample_weight(spec))
             warm_up.compile_outside_lease(model, step.compute_and_apply, data)
+            step.compiled = True
 
     return prepare
 
@@ -86,9 +89,10 @@ def before_inference(step: "LeasedInferenceStep", build: bool) -> BeforeFirstSte
     def prepare(data: Any, spec: Any) -> None:
         if build:
             step.model._symbolic_build(data_batch=data)
-        if step.jit_compile:
+        if step.jit_compile and not step.compiled:
             step.run.get_concrete_function(spec)
             warm_up.compile_outside_lease(step.model, step.run, data)
+            step.compiled = True
 
     return prepare
 

@@ -23,6 +23,7 @@ class LeasedInferenceStep:
         self.lease = lease
         self.keras_step = getattr(type(model), f"{kind}_step")
         self.jit_compile = bool(model.jit_compile)
+        self.compiled = False  # set once warm_up compiled its XLA parts
         self.run = tf.function(as_unit(self.crossover_inference_step), jit_compile=self.jit_compile,
                                reduce_retracing=True)
 

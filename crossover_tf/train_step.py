@@ -42,6 +42,7 @@ class CrossoverTrainStep:
         self.lease = lease
         self.allreduce = allreduce
         self.jit_compile = bool(jit_compile)
+        self.compiled = False  # set once warm_up compiled its XLA parts
         # The function names are what XLA dumps and profiles show: keep them recognisable.
         self.compute = tf.function(as_unit(self.crossover_compute_gradients),
                                    jit_compile=self.jit_compile, reduce_retracing=True)
@@ -49,7 +50,12 @@ class CrossoverTrainStep:
                                  jit_compile=self.jit_compile, reduce_retracing=True)
 
     def __call__(self, data: Any) -> dict[str, Any]:
-        """One step: compute holding the device, allreduce without it, apply holding it."""
+        """One step's whole lease protocol, in order:
+
+        acquire(compute) -> forward, loss, backward, metrics -> yield
+        -> allreduce of the gradients (the device is free for the peer meanwhile)
+        -> acquire(apply) -> optimizer update -> yield
+        """
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         grads, metrics = run_holding_device(self.lease, lease_lib.TAG_COMPUTE, self.compute,
                                             x, y, sample_weight)
