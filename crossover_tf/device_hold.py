@@ -32,7 +32,7 @@ def as_unit(part: Callable[..., Any]) -> Callable[..., Any]:
         with tf.control_dependencies(inputs):
             outputs = part(*args)
         effects = [op for op in tf.compat.v1.get_default_graph().get_operations()
-                   if op._is_stateful and op.type != "Placeholder"]
+                   if op._is_stateful]
         with tf.control_dependencies(effects):
             return tf.nest.map_structure(
                 lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs)
