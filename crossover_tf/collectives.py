@@ -2,7 +2,7 @@
 
 Only Horovod's TensorFlow ops (allreduce, grouped_allreduce, broadcast, allgather_object) are
 used: horovod.keras does not support Keras 3. None of these may run while this process holds
-the device lease; callers release it first (see CrossoverStrategy.synchronize_gradients).
+the device lease; the train step releases it first (see train_step.CrossoverTrainStep).
 """
 from __future__ import annotations
 
@@ -52,8 +52,13 @@ def map_present(op: Callable[[list[Any]], Sequence[Any]],
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
-    """Overwrites variables with root_rank's values (initial weights, optimizer state)."""
+    """Overwrites variables with root_rank's values (initial weights, optimizer state).
+
+    Checks first that every rank passes the same list (count, shapes, dtypes): a mismatch
+    would otherwise hang in, or fail deep inside, Horovod's broadcast.
+    """
     variables = list(variables)
+    check_same_variables(variables, root_rank)
     if not variables:
         return
 
@@ -63,6 +68,32 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
             v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank, name=f"crossover_bcast_{i}"))
 
     broadcast_all()
+
+
+def check_same_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
+    """Raises ValueError on every rank, naming the first variable where a rank's list differs
+    from root_rank's (names may differ across ranks; shapes and dtypes may not)."""
+    mine = [(_variable_name(v), tuple(v.shape), str(v.dtype)) for v in variables]
+    everyone = hvd.allgather_object(mine, name="crossover_variables_check")
+    root = everyone[root_rank]
+    for rank, theirs in enumerate(everyone):
+        for i in range(max(len(root), len(theirs))):
+            a = root[i] if i < len(root) else None
+            b = theirs[i] if i < len(theirs) else None
+            if a is None or b is None or a[1:] != b[1:]:
+                raise ValueError(
+                    f"crossover_tf: cannot broadcast rank {root_rank}'s state: rank {rank} has "
+                    f"{len(theirs)} variables, rank {root_rank} has {len(root)}; first mismatch "
+                    f"at variable {i}: rank {root_rank} {_describe(a)}, rank {rank} "
+                    f"{_describe(b)}. Build the same model and optimizer on every rank.")
+
+
+def _variable_name(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or variable.name)
+
+
+def _describe(entry: tuple[str, tuple, str] | None) -> str:
+    return "(none)" if entry is None else f"{entry[0]} shape={entry[1]} dtype={entry[2]}"
 
 
 def average_scalars(values: dict[str, float]) -> dict[str, float]:

@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from crossover_tf import collectives, devices
+from crossover_tf import callbacks, collectives, devices, keras_hooks
 from crossover_tf import lease as lease_lib
 
 
@@ -164,31 +164,37 @@ class CrossoverStrategy:
 
     # ----- Keras integration -----------------------------------------------------------------
     def callbacks(self, *, average_metrics: bool = True) -> list[keras.callbacks.Callback]:
-        """Callbacks for model.fit: install the crossover step, broadcast initial state from
-        rank 0, average logged metrics over ranks, release the device when training ends."""
-        from crossover_tf import callbacks  # local: callbacks imports this module
-        result: list[keras.callbacks.Callback] = [callbacks.CrossoverTrainStepCallback(self),
-                                                  callbacks.BroadcastInitialState(self)]
+        """Callbacks for model.fit: run crossover steps (rank 0's state broadcast before the
+        first), average logged metrics over ranks, release the device when training ends."""
+        result: list[keras.callbacks.Callback] = [callbacks.CrossoverTrainStepCallback(self)]
         if average_metrics:
             result.append(callbacks.MetricAverage(self))
         return result
 
+    def prepare(self, model: keras.Model) -> None:
+        """Makes a compiled model's fit, evaluate and predict run crossover steps.
+
+        fit with callbacks() does this; call it yourself before evaluate or predict on a model
+        that has not been fit in this process (one just loaded, say), so those steps take the
+        device lease too.
+        """
+        sync_state = self.broadcast_variables if self.size > 1 else None
+        keras_hooks.install(model, keras_hooks.CrossoverSetup(
+            self.lease, self.synchronize_gradients, sync_state))
+
+    def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
+        """Overwrites variables on every rank with root_rank's values (e.g. after restoring a
+        checkpoint on rank 0 only). A collective; ranks must pass matching variable lists,
+        otherwise every rank raises a ValueError naming the first mismatch."""
+        collectives.broadcast_variables(variables, root_rank)
+
     # ----- crossover -------------------------------------------------------------------------
     def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:
-        """yield device -> grouped allreduce (average) -> acquire device, in graph order.
+        """Averages gradients over all ranks (one grouped allreduce; None stays None).
 
-        Call with the device held (right after computing gradients); returns averaged
-        gradients with the device held again. Without a group: just the allreduce.
+        A collective: the train step calls it with the device lease released.
         """
-        grads = list(grads)
-        lease = self.lease
-        if lease is not None:
-            grads = collectives.map_present(lease.release, grads)
-        grads = collectives.allreduce_gradients(grads, self.compression)
-        if lease is not None:
-            grads = collectives.map_present(
-                lambda g: lease.acquire(g, tag=lease_lib.TAG_APPLY), grads)
-        return grads
+        return collectives.allreduce_gradients(grads, self.compression)
 
     def release_device(self) -> None:
         """Eagerly gives up the lease if held (end of training, errors); no-op otherwise."""

@@ -1,0 +1,133 @@
+"""Makes one model instance's fit, evaluate and predict run crossover steps.
+
+Keras makes its train/test/predict functions from `model.<kind>_step` in
+`make_<kind>_function`. Both are shadowed by instance attributes: Keras' own maker is reused
+with the outer function's jit switched off (lease ops and collectives have no XLA kernels; the
+steps jit-compile their nested parts with the model's setting) and our step in place of Keras'.
+
+A step is built again whenever Keras makes its function again (every compile) or the optimizer,
+loss tracker or trainable variables changed since it was built: its nested tf.functions keep
+what they were traced with, so reusing one would train a stale optimizer or trainable set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from crossover_tf import first_step
+from crossover_tf.inference_step import LeasedInferenceStep
+from crossover_tf.lease import DeviceLease
+from crossover_tf.train_step import Allreduce, CrossoverTrainStep
+
+_XLA_FAILURE = re.compile(r"XLA|compil", re.IGNORECASE)
+_XLA_ERROR_TYPES = (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError)
+
+StepFunction = Callable[[Any], Any]
+Step = Callable[[Any], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossoverSetup:
+    """What the steps need from the strategy (and nothing else of it)."""
+    lease: DeviceLease | None
+    allreduce: Allreduce
+    sync_state: first_step.SyncState | None  # None: one rank, nothing to broadcast
+
+
+def install(model: keras.Model, setup: CrossoverSetup) -> None:
+    """Hooks fit (and, with a lease, evaluate and predict); idempotent per (model, setup)."""
+    if model.__dict__.get("_crossover_setup") == setup:
+        return
+    if model.optimizer is None:
+        raise ValueError("crossover_tf: compile the model (with an optimizer) before fit")
+    object.__setattr__(model, "_crossover_setup", setup)
+
+    def train_step(m: keras.Model) -> CrossoverTrainStep:
+        return CrossoverTrainStep(m, setup.lease, setup.allreduce, m.jit_compile)
+
+    def train_function(function: StepFunction, step: CrossoverTrainStep) -> StepFunction:
+        prepared = first_step.PreparedFunction(
+            function, first_step.before_training(step, setup.sync_state))
+        return _release_on_error(prepared, setup.lease, step.jit_compile, "training")
+
+    def inference_function(kind: str) -> Callable[[StepFunction, Any], StepFunction]:
+        def wrap(function: StepFunction, step: LeasedInferenceStep) -> StepFunction:
+            prepared = first_step.PreparedFunction(
+                function, first_step.before_inference(step, build=kind == "test"))
+            return _release_on_error(prepared, setup.lease, step.jit_compile, kind)
+        return wrap
+
+    _hook(model, "train", train_step, train_function)
+    if setup.lease is None:
+        return
+    for kind in ("test", "predict"):
+        _hook(model, kind, lambda m, kind=kind: LeasedInferenceStep(m, setup.lease, kind),
+              inference_function(kind))
+
+
+def _hook(model: keras.Model, kind: str, make_step: Callable[[keras.Model], Step],
+          wrap: Callable[[StepFunction, Any], StepFunction]) -> None:
+    """Shadows model.make_<kind>_function; a fresh wrapper per fit/evaluate/predict call."""
+    keras_make = getattr(type(model), f"make_{kind}_function")
+    attr = f"{kind}_function"
+    built: dict[str, Any] = {}
+
+    def make_function(force: bool = False) -> StepFunction:
+        fingerprint = _compiled_state(model)
+        if force or getattr(model, attr) is None or built.get("fingerprint") != fingerprint:
+            step = make_step(model)
+            object.__setattr__(model, f"{kind}_step", step)
+            saved = model.jit_compile
+            model._jit_compile = False  # bypass the setter: only the outer function is jit-free
+            try:
+                keras_make(model, force=True)
+            finally:
+                model._jit_compile = saved
+            built.update(fingerprint=fingerprint, step=step, function=getattr(model, attr))
+        setattr(model, attr, wrap(built["function"], built["step"]))
+        return getattr(model, attr)
+
+    object.__setattr__(model, f"make_{kind}_function", make_function)
+    setattr(model, attr, None)
+
+
+def _compiled_state(model: keras.Model) -> tuple[int, ...]:
+    """Identity of what a step's traces capture: optimizer, loss tracker (new per compile) and
+    the trainable variables."""
+    return (id(model.optimizer), id(getattr(model, "_loss_tracker", None)),
+            *(id(v) for v in model.trainable_weights))
+
+
+def _release_on_error(function: StepFunction, lease: DeviceLease | None, jit_compile: bool,
+                      what: str) -> StepFunction:
+    """Never leave the device leased by a step that failed; explain XLA compile failures."""
+
+    def guarded(iterator: Any) -> Any:
+        try:
+            return function(iterator)
+        except StopIteration:
+            raise
+        except tf.errors.OpError as err:
+            _release(lease)
+            if (jit_compile and isinstance(err, _XLA_ERROR_TYPES)
+                    and _XLA_FAILURE.search(err.message or "")):
+                raise RuntimeError(
+                    f"crossover_tf: XLA could not compile the model's {what} computation "
+                    "(model.compile(jit_compile=True)). Compile the model with "
+                    "jit_compile=False (or 'auto', which lets Keras decide), or replace the "
+                    f"unsupported op. TensorFlow said: {err.message[:2000]}") from err
+            raise
+        except BaseException:
+            _release(lease)
+            raise
+
+    return guarded
+
+
+def _release(lease: DeviceLease | None) -> None:
+    if lease is not None:
+        lease.release()
