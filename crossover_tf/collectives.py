@@ -26,16 +26,22 @@ def horovod_reduce_op(reduce_op: Any) -> Any:
 
 
 def allreduce_gradients(grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
-                        compression: Any = hvd.Compression.none) -> list[tf.Tensor | None]:
+                        compression: Any = hvd.Compression.none,
+                        device: str | None = None) -> list[tf.Tensor | None]:
     """Averages gradients over all ranks in one grouped (fused) allreduce; None stays None.
 
     Sparse gradients are densified: a grouped allreduce needs dense tensors, and for the
     models this project targets the dense path is what Horovod's sparse_as_dense would pick.
+    device places the allreduce op ("/CPU:0": Gloo on host memory, whatever the gradients'
+    device; None: where the gradients are, i.e. NCCL for GPU tensors when Horovod has it).
     """
     def reduce_all(dense: list[Any]) -> list[tf.Tensor]:
         dense = [tf.convert_to_tensor(g) for g in dense]
-        return hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression,
-                                     name="crossover_grads") if dense else []
+        if not dense:
+            return []
+        with tf.device(device):
+            return hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression,
+                                         name="crossover_grads")
 
     return map_present(reduce_all, grads)
 

@@ -112,6 +112,30 @@ def local_device_name(logical_gpus: Sequence[Any], logical_cpus: Sequence[Any],
     return "/CPU:0"
 
 
+ALLREDUCE_PLACEMENTS = ("auto", "host", "device")
+
+
+def allreduce_device(placement: str, crossing: bool, local_device: str) -> str | None:
+    """Where the gradient allreduce runs: "/CPU:0" (Gloo on host memory) or None (next to
+    the gradients: NCCL on a GPU when Horovod was built with it).
+
+    auto picks host memory for a crossover group on a GPU: NCCL's kernels would run on the
+    GPU, in this job's CUDA context, exactly while the peer computes there (without MPS the
+    contexts time-slice; with MPS they still take SMs), defeating the crossing. Gloo leaves
+    the GPU to the peer and costs copies over PCIe and a host-side sum, small next to the
+    network time that crossing is meant for. Without a group nothing is crossed, so the
+    tensors' own device (NCCL) is the faster choice.
+    """
+    if placement not in ALLREDUCE_PLACEMENTS:
+        raise ValueError(f"crossover_tf: allreduce_on must be one of {ALLREDUCE_PLACEMENTS}, "
+                         f"got {placement!r}")
+    if placement == "host":
+        return "/CPU:0"
+    if placement == "device":
+        return None
+    return "/CPU:0" if crossing and "GPU" in local_device.upper() else None
+
+
 _PCI_BUS_ID = re.compile(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 
 

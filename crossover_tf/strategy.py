@@ -39,12 +39,15 @@ class CrossoverStrategy:
       memory_growth: let TensorFlow allocate GPU memory as needed instead of taking nearly all
         of it at start-up, which would leave the peer job nothing (the default).
       memory_limit_mb: instead of growth, cap this job's GPU memory (predictable sharing).
+      allreduce_on: "auto" (host memory via Gloo for a crossover group on GPU, else next to
+        the gradients), "host" or "device"; see devices.allreduce_device for why.
     """
 
     def __init__(self, group: str | None = "", *, device_key: str | None = None,
                  lease_timeout_s: float = 600.0, compression: Any = hvd.Compression.none,
                  init_horovod: bool = True, configure_devices: bool = True,
-                 memory_growth: bool = True, memory_limit_mb: int | None = None):
+                 memory_growth: bool = True, memory_limit_mb: int | None = None,
+                 allreduce_on: str = "auto"):
         if init_horovod:
             hvd.init()
         elif not hvd.is_initialized():
@@ -64,6 +67,8 @@ class CrossoverStrategy:
         self._device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
                                                  tf.config.list_logical_devices("CPU"),
                                                  self.local_rank)
+        self.allreduce_device = devices.allreduce_device(allreduce_on, self.is_crossover,
+                                                         self._device)
         logging.info("crossover_tf: rank %d/%d device %s lease %s", self.rank, self.size,
                      self._device, self.lease)
 
@@ -194,7 +199,7 @@ class CrossoverStrategy:
 
         A collective: the train step calls it with the device lease released.
         """
-        return collectives.allreduce_gradients(grads, self.compression)
+        return collectives.allreduce_gradients(grads, self.compression, self.allreduce_device)
 
     def release_device(self) -> None:
         """Eagerly gives up the lease if held (end of training, errors); no-op otherwise."""

@@ -669,12 +669,15 @@ LeaseStatus DeviceLease::Release() {
   status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
   if (!status.ok()) return status;
   if (!(s->holder == me)) return LeaseStatus::Ok();
+  // Stamped while still holding: the next holder's acquired_ns is taken after ours under the
+  // same mutex, so the two processes' timelines never seem to overlap.
+  const int64_t released_wall = WallNs(), released_mono = MonoNs();
   s->holder = Owner{};
   s->wake_seq.fetch_add(1);
   const bool wake = s->queue.size > 0;
   locked.Unlock();
   if (wake) Futex(&s->wake_seq, FUTEX_WAKE, INT_MAX, nullptr);
-  RecordReleased();
+  RecordReleased(released_wall, released_mono);
   return LeaseStatus::Ok();
 }
 
@@ -710,9 +713,7 @@ void DeviceLease::RecordAcquired(int64_t request_wall, int64_t acquired_wall, in
   next_event_ = (at + 1) % kTimelineCapacity;
 }
 
-void DeviceLease::RecordReleased() {
-  const int64_t released_mono = MonoNs();
-  const int64_t released_wall = WallNs();
+void DeviceLease::RecordReleased(int64_t released_wall, int64_t released_mono) {
   std::lock_guard<std::mutex> local(local_mu_);
   const double held = (released_mono - held_since_mono_ns_) / 1e9;
   stats_.hold_s += held;

@@ -158,7 +158,7 @@ class DeviceLease {
   LeaseStatus TimeoutError(double timeout_s, const Owner& me) const;
   void RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,
                       bool handoff, bool contended, int64_t tag);
-  void RecordReleased();
+  void RecordReleased(int64_t released_wall, int64_t released_mono);
 
   const std::string name_;
   SharedLease* const shared_;

@@ -199,3 +199,39 @@ def test_gpu_pair_experiment_runs_and_reports_every_scenario(tmp_path: pathlib.P
     assert set(summary["ratios"]) == {"crossover_over_naive", "crossover_over_solo",
                                       "naive_over_solo"}
     assert "| crossover | B |" in (tmp_path / "gpu_pair.md").read_text()
+
+
+@pytest.mark.parametrize("placement,crossing,device,expected", [
+    ("auto", True, "/job:localhost/replica:0/task:0/device:GPU:0", "/CPU:0"),
+    ("auto", False, "/job:localhost/replica:0/task:0/device:GPU:0", None),
+    ("auto", True, "/device:CPU:1", None),
+    ("host", False, "/device:GPU:0", "/CPU:0"),
+    ("device", True, "/device:GPU:0", None),
+])
+def test_allreduce_placement(placement: str, crossing: bool, device: str,
+                             expected: str | None) -> None:
+    assert devices.allreduce_device(placement, crossing, device) == expected
+
+
+def test_allreduce_placement_rejects_unknown() -> None:
+    with pytest.raises(ValueError, match="allreduce_on must be one of"):
+        devices.allreduce_device("nccl", True, "/device:GPU:0")
+
+
+PLACEMENT_PROBE = """
+import horovod.tensorflow as hvd, tensorflow as tf
+from crossover_tf import collectives
+hvd.init()
+for device in (None, "/CPU:0"):
+    fn = tf.function(lambda g: collectives.allreduce_gradients([g, None], device=device))
+    graph = fn.get_concrete_function(tf.TensorSpec([3])).graph
+    ops = [op.device for op in graph.get_operations() if op.type == "HorovodGroupedAllreduce"]
+    print(device, ops, fn(tf.ones(3))[0].numpy().tolist())
+"""
+
+
+def test_allreduce_gradients_runs_where_it_is_placed(child_env: dict[str, str]) -> None:
+    result = run_bounded([sys.executable, "-c", PLACEMENT_PROBE], child_env, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("None", "/CPU"))]
+    assert lines == ["None [''] [1.0, 1.0, 1.0]", "/CPU:0 ['/device:CPU:0'] [1.0, 1.0, 1.0]"]
