@@ -24,7 +24,7 @@
 namespace crossover {
 namespace {
 
-constexpr uint64_t kMagic = 0x32564f53534f5243ULL;  // "CROSSOV2", bump on layout change
+constexpr uint64_t kMagic = 0x33564f53534f5243ULL;  // "CROSSOV3", bump on layout change
 constexpr size_t kTimelineCapacity = 16384;
 constexpr int64_t kNsPerS = 1000000000;
 constexpr int64_t kPollNs = 20 * 1000 * 1000;        // liveness re-check period while waiting
@@ -65,6 +65,9 @@ struct SharedLease {
   Owner holder;                    // empty: free
   int64_t held_since_wall_ns;
   Owner last_holder;
+  Owner reserved_for;              // see DeviceLease::Release(reserve_s)
+  int64_t reserved_until_mono_ns;
+  int32_t reserved_priority;
   uint64_t next_ticket;
   WaiterQueue queue;
   Slot slots[kMaxProcesses];
@@ -86,8 +89,13 @@ std::vector<double> LeaseStats::Values() const {
 
 bool WaiterQueue::Push(const Waiter& w) {
   if (size >= kMaxWaiters) return false;
-  entries[size] = w;
-  ++size;  // after the entry is complete: a crash before this leaves the queue as it was
+  int at = size;
+  while (at > 0 && entries[at - 1].priority < w.priority) --at;
+  // Shift the lower classes back by one. A crash in here leaves a duplicate (Repair drops it)
+  // and at worst hides the last entry, whose owner then queues again.
+  for (int i = size; i > at; --i) entries[i] = entries[i - 1];
+  entries[at] = w;
+  ++size;  // last: before this the queue reads as it was, up to that duplicate
   return true;
 }
 
@@ -403,6 +411,23 @@ LeaseStatus DeviceLease::ValidateName(const std::string& group, const std::strin
   return LeaseStatus::Ok();
 }
 
+LeaseStatus DeviceLease::ValidatePriority(int64_t priority) {
+  if (priority >= kSecondary && priority <= kPrimary) return LeaseStatus::Ok();
+  return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                            "crossover lease priority must be 0 (secondary), 1 (normal) or 2 "
+                            "(primary), got " + std::to_string(priority));
+}
+
+LeaseStatus DeviceLease::ValidateReserve(double reserve_s) {
+  if (std::isfinite(reserve_s) && reserve_s >= 0 && reserve_s <= kMaxReserveS) {
+    return LeaseStatus::Ok();
+  }
+  std::ostringstream msg;
+  msg << "crossover lease reservation must be in [0, " << kMaxReserveS << "] s, got "
+      << reserve_s;
+  return LeaseStatus::Error(LeaseCode::kInvalidArgument, msg.str());
+}
+
 LeaseStatus DeviceLease::ValidateTimeout(double timeout_s) {
   if (std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS) {
     return LeaseStatus::Ok();
@@ -573,8 +598,9 @@ bool DeviceLease::Alive(const Owner& o) const {
 
 // ----- acquire and release ----------------------------------------------------------------
 
-LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag) {
+LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag, int32_t priority) {
   LeaseStatus status = ValidateTimeout(timeout_s);
+  if (status.ok()) status = ValidatePriority(priority);
   if (!status.ok()) return status;
   Owner me;
   status = Identity(&me);
@@ -587,23 +613,33 @@ LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag) {
   status = locked.Lock(deadline);
   if (!status.ok()) return status;
   bool contended = false, reentrant = false;
-  status = WaitForTurn(&locked, me, deadline, timeout_s, &contended, &reentrant);
+  status = WaitForTurn(&locked, me, priority, deadline, timeout_s, &contended, &reentrant);
   if (!status.ok() || reentrant) return status;
   const bool handoff = !s->last_holder.empty() && !(s->last_holder == me);
+  if (s->reserved_for == me || !ReservedAgainst(me, priority)) s->reserved_for = Owner{};
   s->holder = me;
   s->last_holder = me;
   s->held_since_wall_ns = WallNs();
   if (handoff) ++s->total_handoffs;
   const int64_t acquired_wall = s->held_since_wall_ns;
   locked.Unlock();
-  RecordAcquired(request_wall, acquired_wall, start_mono, handoff, contended, tag);
+  RecordAcquired(request_wall, acquired_wall, start_mono, handoff, contended, tag, priority);
   return LeaseStatus::Ok();
 }
 
 // Returns with the mutex held once this thread may take the lease: it is free and nobody is
 // ahead in the queue. Each waiting thread has its own ticket and removes only that ticket.
-LeaseStatus DeviceLease::WaitForTurn(Locked* locked, const Owner& me, int64_t deadline,
-                                     double timeout_s, bool* contended, bool* reentrant) {
+// True while another live process's reservation keeps waiters of this class out.
+bool DeviceLease::ReservedAgainst(const Owner& me, int32_t priority) const {
+  const SharedLease* s = shared_;
+  return !s->reserved_for.empty() && !(s->reserved_for == me) &&
+         priority < s->reserved_priority && MonoNs() < s->reserved_until_mono_ns &&
+         Alive(s->reserved_for);
+}
+
+LeaseStatus DeviceLease::WaitForTurn(Locked* locked, const Owner& me, int32_t priority,
+                                     int64_t deadline, double timeout_s, bool* contended,
+                                     bool* reentrant) {
   SharedLease* s = shared_;
   uint64_t ticket = 0;
   for (;;) {
@@ -614,14 +650,14 @@ LeaseStatus DeviceLease::WaitForTurn(Locked* locked, const Owner& me, int64_t de
     }
     const int position = ticket ? s->queue.Index(ticket) : -1;
     const bool first = ticket ? position == 0 : s->queue.size == 0;
-    if (s->holder.empty() && first) {
+    if (s->holder.empty() && first && !ReservedAgainst(me, priority)) {
       if (ticket) s->queue.Remove(ticket);
       return LeaseStatus::Ok();
     }
     if (ticket == 0 || position < 0) {  // queue up (again, if our entry was dropped)
       if (ticket) locked->Warn("a waiter's queue entry of " + name_ + " vanished; requeueing");
       ticket = ++s->next_ticket;
-      if (!s->queue.Push(Waiter{me, ticket, WallNs()})) {
+      if (!s->queue.Push(Waiter{me, ticket, WallNs(), priority})) {
         return LeaseStatus::Error(
             LeaseCode::kResourceExhausted,
             "crossover lease " + name_ + " already has " + std::to_string(kMaxWaiters) +
@@ -660,10 +696,17 @@ LeaseStatus DeviceLease::TimeoutError(double timeout_s, const Owner& me) const {
   return LeaseStatus::Error(LeaseCode::kDeadlineExceeded, msg.str());
 }
 
-LeaseStatus DeviceLease::Release() {
-  Owner me;
-  LeaseStatus status = Identity(&me);
+LeaseStatus DeviceLease::Release(double reserve_s) {
+  LeaseStatus status = ValidateReserve(reserve_s);
   if (!status.ok()) return status;
+  Owner me;
+  status = Identity(&me);
+  if (!status.ok()) return status;
+  int32_t priority;
+  {
+    std::lock_guard<std::mutex> local(local_mu_);  // never inside the shared mutex: lock order
+    priority = held_priority_;
+  }
   SharedLease* s = shared_;
   Locked locked(this);
   status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
@@ -672,6 +715,11 @@ LeaseStatus DeviceLease::Release() {
   // Stamped while still holding: the next holder's acquired_ns is taken after ours under the
   // same mutex, so the two processes' timelines never seem to overlap.
   const int64_t released_wall = WallNs(), released_mono = MonoNs();
+  if (reserve_s > 0) {
+    s->reserved_for = me;
+    s->reserved_priority = priority;
+    s->reserved_until_mono_ns = released_mono + static_cast<int64_t>(reserve_s * 1e9);
+  }
   s->holder = Owner{};
   s->wake_seq.fetch_add(1);
   const bool wake = s->queue.size > 0;
@@ -681,16 +729,17 @@ LeaseStatus DeviceLease::Release() {
   return LeaseStatus::Ok();
 }
 
-LeaseStatus DeviceLease::ReleaseAfter(const std::function<LeaseStatus()>& drain) {
+LeaseStatus DeviceLease::ReleaseAfter(const std::function<LeaseStatus()>& drain,
+                                      double reserve_s) {
   const LeaseStatus drained = drain();
-  const LeaseStatus released = Release();
+  const LeaseStatus released = Release(reserve_s);
   return drained.ok() ? released : drained;
 }
 
 // ----- this process's statistics and timeline ---------------------------------------------
 
 void DeviceLease::RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,
-                                 bool handoff, bool contended, int64_t tag) {
+                                 bool handoff, bool contended, int64_t tag, int32_t priority) {
   const int64_t acquired_mono = MonoNs();
   std::lock_guard<std::mutex> local(local_mu_);
   const double waited = (acquired_mono - start_mono) / 1e9;
@@ -701,6 +750,7 @@ void DeviceLease::RecordAcquired(int64_t request_wall, int64_t acquired_wall, in
   stats_.max_wait_s = std::max(stats_.max_wait_s, waited);
   stats_.held = true;
   held_since_mono_ns_ = acquired_mono;
+  held_priority_ = priority;
   const LeaseEvent event{request_wall, acquired_wall, 0, tag};
   size_t at = next_event_;
   if (events_.size() < kTimelineCapacity) {

@@ -58,6 +58,11 @@ constexpr size_t kMaxDeviceKeyLen = 32;
 constexpr int kMaxWaiters = 64;     // waiting threads, all processes together
 constexpr int kMaxProcesses = 64;   // processes that have one lease open at once
 constexpr double kMaxTimeoutS = 30.0 * 24 * 3600;  // acquire timeouts above this are refused
+constexpr double kMaxReserveS = 10.0;              // longest reservation a yield may leave
+
+// Priority classes. Waiters queue by class, FIFO within one: peers of one class take turns;
+// a primary never queues behind a secondary.
+enum LeasePriority : int32_t { kSecondary = 0, kNormal = 1, kPrimary = 2 };
 
 // Statistics of this process's use of one lease (cumulative since the lease was opened).
 // kLeaseStatsFields names the fields in the order the stats op returns them.
@@ -95,6 +100,7 @@ struct Waiter {
   Owner who;
   uint64_t ticket = 0;
   int64_t since_wall_ns = 0;
+  int32_t priority = kNormal;
 };
 
 // The FIFO of waiting threads. It lives in shared memory and may be left half-updated by a
@@ -104,7 +110,8 @@ struct WaiterQueue {
   int32_t size;
   Waiter entries[kMaxWaiters];
 
-  bool Push(const Waiter& w);           // false when full
+  bool Push(const Waiter& w);           // behind every waiter of its class or higher; false
+                                        // when full
   bool Remove(uint64_t ticket);         // removes only that ticket; false if absent
   int Index(uint64_t ticket) const;     // -1 if absent
   // Clamps the size, drops entries of dead owners and duplicate tickets; returns how many
@@ -123,16 +130,21 @@ class DeviceLease {
                          std::shared_ptr<DeviceLease>* out);
   static LeaseStatus ValidateName(const std::string& group, const std::string& device_key);
   static LeaseStatus ValidateTimeout(double timeout_s);
+  static LeaseStatus ValidatePriority(int64_t priority);
+  static LeaseStatus ValidateReserve(double reserve_s);
 
   // Blocks until this process holds the lease, or timeout_s elapses (kDeadlineExceeded).
-  // Holding it already is a no-op.
-  LeaseStatus Acquire(double timeout_s, int64_t tag);
-  // Releases the lease if this process holds it (a no-op otherwise). Fails only if the
-  // internal lock stays taken by another process (stopped or wedged) for seconds.
-  LeaseStatus Release();
+  // Holding it already is a no-op. priority is a LeasePriority.
+  LeaseStatus Acquire(double timeout_s, int64_t tag, int32_t priority = kNormal);
+  // Releases the lease if this process holds it (a no-op otherwise). With reserve_s > 0,
+  // waiters of a lower priority class than this process's last acquire cannot take the lease
+  // for that long (or until this process acquires again, or dies): a primary yielding at the
+  // end of a step keeps a secondary from starting new work it would then have to wait for.
+  // Fails only if the internal lock stays taken by another process (stopped or wedged).
+  LeaseStatus Release(double reserve_s = 0);
   // Runs drain (e.g. wait for the device's stream), then releases whatever drain returned:
   // the lease is given up on every path and drain's error is the one reported.
-  LeaseStatus ReleaseAfter(const std::function<LeaseStatus()>& drain);
+  LeaseStatus ReleaseAfter(const std::function<LeaseStatus()>& drain, double reserve_s = 0);
 
   LeaseStats Stats() const;
   std::vector<LeaseEvent> Timeline() const;
@@ -153,11 +165,12 @@ class DeviceLease {
   LeaseStatus ClaimSlotLocked();
   void ForgetIdentityAfterForkLocked();
   bool Alive(const Owner& o) const;
-  LeaseStatus WaitForTurn(Locked* locked, const Owner& me, int64_t deadline, double timeout_s,
-                          bool* contended, bool* reentrant);
+  LeaseStatus WaitForTurn(Locked* locked, const Owner& me, int32_t priority, int64_t deadline,
+                          double timeout_s, bool* contended, bool* reentrant);
+  bool ReservedAgainst(const Owner& me, int32_t priority) const;
   LeaseStatus TimeoutError(double timeout_s, const Owner& me) const;
   void RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,
-                      bool handoff, bool contended, int64_t tag);
+                      bool handoff, bool contended, int64_t tag, int32_t priority);
   void RecordReleased(int64_t released_wall, int64_t released_mono);
 
   const std::string name_;
@@ -172,6 +185,7 @@ class DeviceLease {
   std::vector<LeaseEvent> events_;  // ring buffer
   size_t next_event_ = 0, last_event_ = 0;
   int64_t held_since_mono_ns_ = 0;
+  int32_t held_priority_ = kNormal;  // the class of this process's current or last hold
 };
 
 // Hooks for device_lease_test.cc only: they let a test create the rare states (a process

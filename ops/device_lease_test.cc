@@ -342,6 +342,97 @@ void TestForkedProcessesHaveDistinctIdentities() {
   EXPECT(holder.LetGo() == 0, "holder");
 }
 
+// Waiters queue by priority class, FIFO within a class.
+void TestQueueOrdersByPriority() {
+  WaiterQueue q{};
+  const int32_t classes[] = {kNormal, kSecondary, kPrimary, kNormal, kSecondary, kPrimary};
+  for (uint64_t t = 0; t < 6; ++t) {
+    Waiter w = W(100 + t, t + 1);
+    w.priority = classes[t];
+    EXPECT(q.Push(w), "push");
+  }
+  const uint64_t expected[] = {3, 6, 1, 4, 2, 5};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT(q.entries[i].ticket == expected[i], "position " << i << ": ticket "
+                                                          << q.entries[i].ticket);
+  }
+}
+
+// A process that acquires in a child and reports when, through shared memory.
+struct TimedAcquirer {
+  pid_t pid;
+  std::atomic<int64_t>* acquired_ns;
+  TimedAcquirer(const TestGroup& g, int32_t priority, double timeout_s) {
+    acquired_ns = static_cast<std::atomic<int64_t>*>(
+        mmap(nullptr, sizeof(std::atomic<int64_t>), PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    acquired_ns->store(0);
+    pid = fork();
+    if (pid == 0) {
+      auto lease = g.Open();
+      if (!lease->Acquire(timeout_s, 0, priority).ok()) _exit(1);
+      acquired_ns->store(static_cast<int64_t>(MonoS() * 1e9));
+      lease->Release();
+      _exit(0);
+    }
+  }
+  int Wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  double AcquiredS() const { return acquired_ns->load() / 1e9; }
+};
+
+void WaitForQueue(DeviceLease& lease, int size) {
+  for (int i = 0; i < 500 && LeaseTestHooks::Queue(lease).size < size; ++i) usleep(2000);
+  EXPECT(LeaseTestHooks::Queue(lease).size == size, "waiters did not queue");
+}
+
+void TestPrimaryGoesBeforeEarlierSecondary() {
+  TestGroup g("prio");
+  auto lease = g.Open();
+  EXPECT(lease->Acquire(1, 0).ok(), "acquire");
+  TimedAcquirer secondary(g, kSecondary, 10);
+  WaitForQueue(*lease, 1);
+  TimedAcquirer primary(g, kPrimary, 10);
+  WaitForQueue(*lease, 2);
+  EXPECT(LeaseTestHooks::Queue(*lease).entries[0].priority == kPrimary, "primary not first");
+  lease->Release();
+  EXPECT(primary.Wait() == 0 && secondary.Wait() == 0, "acquirers failed");
+  EXPECT(primary.AcquiredS() < secondary.AcquiredS(), "secondary went first");
+}
+
+// A primary's reservation keeps a waiting secondary out for its duration, lets the primary
+// itself straight back in, and never blocks a waiter of the same class.
+void TestReservationKeepsLowerClassesOut() {
+  TestGroup g("reserve");
+  auto lease = g.Open();
+  EXPECT(lease->Acquire(1, 0, kPrimary).ok(), "acquire");
+  TimedAcquirer secondary(g, kSecondary, 10);
+  WaitForQueue(*lease, 1);
+  EXPECT(lease->Release(2.0).ok(), "release with reservation");
+  usleep(100000);
+  EXPECT(secondary.AcquiredS() == 0, "secondary took a reserved lease");
+  const double back = MonoS();
+  EXPECT(lease->Acquire(1, 0, kPrimary).ok() && MonoS() - back < 0.05, "reserver not let in");
+  const double released = MonoS();
+  EXPECT(lease->Release(0.3).ok(), "release");
+  EXPECT(secondary.Wait() == 0, "secondary failed");
+  const double waited = secondary.AcquiredS() - released;
+  EXPECT(waited > 0.25 && waited < 1.0, "secondary waited " << waited << " s, not ~0.3 s");
+
+  EXPECT(lease->Acquire(1, 0, kNormal).ok(), "acquire");
+  TimedAcquirer peer(g, kNormal, 10);
+  WaitForQueue(*lease, 1);
+  const double handed = MonoS();
+  EXPECT(lease->Release(2.0).ok(), "release");
+  EXPECT(peer.Wait() == 0 && peer.AcquiredS() - handed < 0.5, "same class was held out");
+  EXPECT(DeviceLease::ValidateReserve(-1).code == LeaseCode::kInvalidArgument &&
+             DeviceLease::ValidatePriority(3).code == LeaseCode::kInvalidArgument,
+         "bad reservation or priority accepted");
+}
+
 struct Test {
   const char* name;
   void (*fn)();
@@ -357,6 +448,9 @@ const Test kTests[] = {
     {"death_inside_critical_section", TestDeathInsideCriticalSection},
     {"full_queue_is_a_clear_error", TestFullQueueIsAClearError},
     {"forked_processes_have_distinct_identities", TestForkedProcessesHaveDistinctIdentities},
+    {"queue_orders_by_priority", TestQueueOrdersByPriority},
+    {"primary_goes_before_earlier_secondary", TestPrimaryGoesBeforeEarlierSecondary},
+    {"reservation_keeps_lower_classes_out", TestReservationKeepsLowerClassesOut},
 };
 
 }  // namespace

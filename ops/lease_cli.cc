@@ -9,6 +9,8 @@
 //   lease_cli stress GROUP SECONDS PROCS       workers cycle while random ones are SIGKILLed
 //   lease_cli thread-timeout GROUP             two threads wait behind a peer; one times out
 //   lease_cli fork-child GROUP                 a forked child must not own its parent's hold
+//   lease_cli priority GROUP SECONDS MICRO_US  a primary's steps alone, then beside a secondary
+//                                              that computes in micro-batches of MICRO_US
 //
 // Every mode bounds its loops in count and time. The last line printed is a summary of
 // key=value pairs that the tests parse; the exit code is 0 unless the mode itself failed.
@@ -348,6 +350,84 @@ int ForkChild(char** argv) {
   return 0;
 }
 
+// A primary job's step as the lease sees it: compute (4 ms), allreduce (8 ms, device free),
+// apply (1 ms), then a 1 ms gap before the next step, yielding at step end with a reservation.
+// Runs alone for SECONDS, then beside a secondary that holds the device for MICRO_US at a time
+// (one micro-batch). Reports the primary's steps in each phase, its worst wait for the device,
+// and how much of the device the secondary got.
+int Priority(char** argv) {
+  const std::string group = argv[2];
+  const double seconds = atof(argv[3]);
+  const int micro_us = atoi(argv[4]);
+  if (seconds <= 0 || seconds > 120 || micro_us <= 0 || micro_us > 1000000) {
+    Die("priority: bad arguments");
+  }
+  Probe* probe = NewProbe();
+  struct Result {
+    std::atomic<uint64_t> steps, secondary_holds;
+    std::atomic<int64_t> max_wait_ns, secondary_busy_ns;
+  };
+  auto* result = static_cast<Result*>(mmap(nullptr, sizeof(Result) * 2, PROT_READ | PROT_WRITE,
+                                           MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  memset(static_cast<void*>(result), 0, sizeof(Result) * 2);
+  auto primary = [&](Result* r) {
+    auto lease = Open(group, "prio");
+    const int64_t end = MonoNs() + static_cast<int64_t>(seconds * 1e9);
+    while (MonoNs() < end) {
+      for (int hold_us : {4000, 1000}) {  // compute, then apply
+        const int64_t asked = MonoNs();
+        if (!lease->Acquire(10.0, 0, crossover::kPrimary).ok()) _exit(3);
+        const int64_t waited = MonoNs() - asked;
+        if (waited > r->max_wait_ns.load()) r->max_wait_ns.store(waited);
+        probe->Enter();
+        usleep(hold_us);
+        probe->Leave();
+        const bool step_end = hold_us == 1000;
+        lease->Release(step_end ? 0.02 : 0.0);
+        usleep(step_end ? 1000 : 8000);  // next step's input, or the allreduce
+      }
+      ++r->steps;
+    }
+    _exit(0);
+  };
+  for (int phase = 0; phase < 2; ++phase) {
+    probe->stop.store(0);
+    const pid_t p = fork();
+    if (p == 0) primary(&result[phase]);
+    pid_t s = -1;
+    if (phase == 1) {
+      s = fork();
+      if (s == 0) {
+        auto lease = Open(group, "prio");
+        while (!probe->stop.load()) {
+          if (!lease->Acquire(10.0, 0, crossover::kSecondary).ok()) _exit(3);
+          const int64_t start = MonoNs();
+          probe->Enter();
+          usleep(micro_us);
+          probe->Leave();
+          result[1].secondary_busy_ns += MonoNs() - start;
+          ++result[1].secondary_holds;
+          lease->Release();
+        }
+        _exit(0);
+      }
+    }
+    int status = 0;
+    waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("primary failed");
+    probe->stop.store(1);
+    if (s > 0) waitpid(s, &status, 0);
+  }
+  Unlink(group, "prio");
+  printf("mode=priority solo_steps=%lu paired_steps=%lu primary_ratio=%.3f "
+         "max_wait_us=%ld micro_us=%d secondary_holds=%lu secondary_busy=%.3f overlaps=%lu\n",
+         result[0].steps.load(), result[1].steps.load(),
+         static_cast<double>(result[1].steps.load()) / result[0].steps.load(),
+         result[1].max_wait_ns.load() / 1000, micro_us, result[1].secondary_holds.load(),
+         result[1].secondary_busy_ns.load() / (seconds * 1e9), probe->overlaps.load());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -359,6 +439,7 @@ int main(int argc, char** argv) {
   if (mode == "stress" && argc == 5) return Stress(argv);
   if (mode == "thread-timeout" && argc == 3) return ThreadTimeout(argv);
   if (mode == "fork-child" && argc == 3) return ForkChild(argv);
+  if (mode == "priority" && argc == 5) return Priority(argv);
   fprintf(stderr, "usage: see the comment at the top of ops/lease_cli.cc\n");
   return 2;
 }

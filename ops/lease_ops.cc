@@ -71,16 +71,19 @@ class AcquireLeaseOp : public LeaseKernel {
   explicit AcquireLeaseOp(OpKernelConstruction* ctx) : LeaseKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_s_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tag", &tag_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("priority", &priority_));
     OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidateTimeout(timeout_s_)));
+    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidatePriority(priority_)));
   }
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, ToTf(lease_->Acquire(timeout_s_, tag_)));
+    OP_REQUIRES_OK(ctx, ToTf(lease_->Acquire(timeout_s_, tag_, priority_)));
     ForwardInputs(ctx);
   }
 
  private:
   float timeout_s_ = 0;
   int64_t tag_ = 0;
+  int64_t priority_ = kNormal;
 };
 
 // kWaitForStream: on GPU, kernels are only enqueued when an op "finishes"; releasing the lease
@@ -89,7 +92,10 @@ class AcquireLeaseOp : public LeaseKernel {
 template <bool kWaitForStream>
 class YieldLeaseOp : public LeaseKernel {
  public:
-  using LeaseKernel::LeaseKernel;
+  explicit YieldLeaseOp(OpKernelConstruction* ctx) : LeaseKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("reserve_seconds", &reserve_s_));
+    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidateReserve(reserve_s_)));
+  }
   void Compute(OpKernelContext* ctx) override {
     OP_REQUIRES_OK(ctx, ToTf(lease_->ReleaseAfter([ctx]() -> LeaseStatus {
       if (!kWaitForStream || ctx->op_device_context() == nullptr ||
@@ -101,9 +107,12 @@ class YieldLeaseOp : public LeaseKernel {
       return LeaseStatus::Error(LeaseCode::kInternal,
                                 "waiting for the device stream before yielding the lease: " +
                                     std::string(waited.message()));
-    })));
+    }, reserve_s_)));
     ForwardInputs(ctx);
   }
+
+ private:
+  float reserve_s_ = 0;
 };
 
 class LeaseStatsOp : public LeaseKernel {
@@ -151,12 +160,14 @@ REGISTER_OP("CrossoverAcquireLease")
     .Attr("device_key: string")
     .Attr("timeout_seconds: float = 600")
     .Attr("tag: int = 0")
+    .Attr("priority: int = 1")
     .SetIsStateful()
     .SetShapeFn(PassThroughShapes)
     .Doc(R"doc(
 Blocks until this process holds the device lease named by group and device_key, then passes
 its inputs through. Fails with DEADLINE_EXCEEDED (naming the holder's pid) after timeout_seconds.
-tag labels the acquisition in the lease timeline (e.g. 1 = compute, 2 = apply).
+tag labels the acquisition in the lease timeline (e.g. 1 = compute, 2 = apply). priority is the
+waiter's class (0 secondary, 1 normal, 2 primary): classes queue in that order, FIFO within one.
 )doc");
 
 REGISTER_OP("CrossoverYieldLease")
@@ -165,11 +176,14 @@ REGISTER_OP("CrossoverYieldLease")
     .Attr("T: list(type) >= 0")
     .Attr("group: string")
     .Attr("device_key: string")
+    .Attr("reserve_seconds: float = 0")
     .SetIsStateful()
     .SetShapeFn(PassThroughShapes)
     .Doc(R"doc(
 Releases the device lease (if held) once its inputs exist and, on GPU, once the compute stream
-has drained; passes the inputs through. A waiting peer gets the device next.
+has drained; passes the inputs through. A waiting peer gets the device next, unless
+reserve_seconds > 0: then waiters of a lower priority class than this process's hold stay out
+for that long, or until this process acquires again.
 )doc");
 
 REGISTER_OP("CrossoverLeaseStats")

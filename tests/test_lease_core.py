@@ -171,3 +171,14 @@ def test_stress_random_sigkills(lease_group: str) -> None:
     for key in ("overlaps", "timeouts", "errors", "failures", "hangs"):
         assert result[key] == "0", result
     assert int(result["kills"]) >= 30 and int(result["acquisitions"]) >= 1000, result
+
+
+@pytest.mark.multiprocess
+def test_primary_is_never_queued_behind_a_secondary(lease_group: str) -> None:
+    """A primary stepping beside a secondary that computes in 2 ms micro-batches: nobody is on
+    the device twice, the secondary fills the primary's allreduce gaps, and the primary waits
+    at most about one micro-batch (speed ratios: benchmarks/lease_priority.py)."""
+    result = _cli("priority", lease_group, "2", "2000", timeout=60)
+    assert result["overlaps"] == "0", result
+    assert int(result["secondary_holds"]) > 100, result
+    assert int(result["max_wait_us"]) < 2000 + 50_000, result  # one micro-batch + scheduling

@@ -17,6 +17,9 @@ TAG_COMPUTE = 1
 TAG_APPLY = 2
 TAG_OTHER = 0
 
+# Priority classes (the C++ core's LeasePriority): waiters queue by class, FIFO within one.
+PRIORITIES = {"secondary": 0, "normal": 1, "primary": 2}
+
 # The C++ core's bound (kMaxTimeoutS): a finite timeout turns a stuck peer into an error.
 MAX_TIMEOUT_S = 30 * 24 * 3600.0
 
@@ -70,25 +73,37 @@ class DeviceLease:
     threaded through a graph: `grads = lease.release(grads)` runs after grads exist.
     """
 
-    def __init__(self, group: str, device_key: str, timeout_s: float = 600.0):
+    def __init__(self, group: str, device_key: str, timeout_s: float = 600.0,
+                 priority: str = "normal"):
         self.group = validate_name("group", group, segments.GROUP_MAX_LEN)
         self.device_key = validate_name("device key", device_key, segments.DEVICE_KEY_MAX_LEN)
         self.timeout_s = validate_timeout(timeout_s)
+        if priority not in PRIORITIES:
+            raise ValueError(f"crossover lease priority must be one of {sorted(PRIORITIES)}, "
+                             f"got {priority!r}")
+        self.priority = priority
         self._ops = load_library()
 
     def __repr__(self) -> str:
-        return f"DeviceLease(group={self.group!r}, device_key={self.device_key!r})"
+        return (f"DeviceLease(group={self.group!r}, device_key={self.device_key!r}, "
+                f"priority={self.priority!r})")
 
     def acquire(self, tensors: Any = (), tag: int = TAG_OTHER) -> Any:
         return self._pass_through(self._ops.crossover_acquire_lease, tensors,
-                                  timeout_seconds=self.timeout_s, tag=tag)
+                                  timeout_seconds=self.timeout_s, tag=tag,
+                                  priority=PRIORITIES[self.priority])
 
-    def release(self, tensors: Any = ()) -> Any:
+    def release(self, tensors: Any = (), reserve_s: float = 0.0) -> Any:
+        """Yields the device. reserve_s > 0 keeps lower priority classes out for that long
+        (a primary at the end of its step: a secondary must not start work it would then be
+        waited for); the reserver itself comes straight back."""
         if not tf.nest.flatten(tensors):
             # Nothing to wait for: the host kernel, not a GPU one that would drain a stream.
             with tf.device("/CPU:0"):
-                return self._pass_through(self._ops.crossover_yield_lease, tensors)
-        return self._pass_through(self._ops.crossover_yield_lease, tensors)
+                return self._pass_through(self._ops.crossover_yield_lease, tensors,
+                                          reserve_seconds=reserve_s)
+        return self._pass_through(self._ops.crossover_yield_lease, tensors,
+                                  reserve_seconds=reserve_s)
 
     def _pass_through(self, op: Any, tensors: Any, **attrs: Any) -> Any:
         flat = tf.nest.flatten(tensors)
