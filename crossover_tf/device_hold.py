@@ -41,12 +41,13 @@ def as_unit(part: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def run_holding_device(lease: DeviceLease | None, tag: int, part: Callable[..., Any],
-                       *args: Any) -> Any:
+                       *args: Any, reserve_s: float = 0.0) -> Any:
     """Returns part(*args) (a tf.function of an as_unit), computed while this process holds
     the lease (None: no lease).
 
     The acquire passes args through (None entries pass by), the yield passes part's outputs
     through, so a caller that consumes the outputs (a collective) runs with the device free.
+    reserve_s: the yield's reservation against lower priority classes (DeviceLease.release).
     """
     if lease is None:
         return part(*args)
@@ -55,5 +56,5 @@ def run_holding_device(lease: DeviceLease | None, tag: int, part: Callable[..., 
         raise ValueError("crossover_tf: a leased step needs at least one input tensor")
     flat_args = map_present(lambda ts: lease.acquire(ts, tag=tag), flat_args)
     outputs = part(*tf.nest.pack_sequence_as(args, flat_args))
-    return tf.nest.pack_sequence_as(outputs,
-                                    map_present(lease.release, tf.nest.flatten(outputs)))
+    return tf.nest.pack_sequence_as(outputs, map_present(
+        lambda ts: lease.release(ts, reserve_s=reserve_s), tf.nest.flatten(outputs)))

@@ -36,6 +36,8 @@ class CrossoverSetup:
     lease: DeviceLease | None
     allreduce: Allreduce
     sync_state: first_step.SyncState | None  # None: one rank, nothing to broadcast
+    micro_batches: int = 1  # >1: compute under one hold per micro-batch (priority mode)
+    step_end_reserve_s: float = 0.0  # the step-end yield's reservation (a primary's)
 
 
 def install(model: keras.Model, setup: CrossoverSetup) -> None:
@@ -47,7 +49,8 @@ def install(model: keras.Model, setup: CrossoverSetup) -> None:
     object.__setattr__(model, "_crossover_setup", setup)
 
     def train_step(m: keras.Model) -> CrossoverTrainStep:
-        return CrossoverTrainStep(m, setup.lease, setup.allreduce, m.jit_compile)
+        return CrossoverTrainStep(m, setup.lease, setup.allreduce, m.jit_compile,
+                                  setup.micro_batches, setup.step_end_reserve_s)
 
     def train_function(function: StepFunction, step: CrossoverTrainStep) -> StepFunction:
         prepared = first_step.PreparedFunction(

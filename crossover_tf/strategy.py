@@ -41,19 +41,34 @@ class CrossoverStrategy:
       memory_limit_mb: instead of growth, cap this job's GPU memory (predictable sharing).
       allreduce_on: "auto" (host memory via Gloo for a crossover group on GPU, else next to
         the gradients), "host" or "device"; see devices.allreduce_device for why.
+      priority: "normal" (jobs of a group take turns, FIFO), "primary" (never queues behind a
+        secondary, and keeps secondaries out for primary_reserve_s after each step so they do
+        not start work it would wait for) or "secondary" (fills the primary's gaps).
+      micro_batches: split each step's compute into this many equal micro-batches, each under
+        its own hold, accumulating gradients (same result as the full batch, except for
+        batch-dependent layers such as BatchNorm). A secondary's micro-batch bounds how long a
+        primary can wait for it.
+      primary_reserve_s: how long a primary's step-end yield keeps secondaries out.
     """
 
     def __init__(self, group: str | None = "", *, device_key: str | None = None,
                  lease_timeout_s: float = 600.0, compression: Any = hvd.Compression.none,
                  init_horovod: bool = True, configure_devices: bool = True,
                  memory_growth: bool = True, memory_limit_mb: int | None = None,
-                 allreduce_on: str = "auto"):
+                 allreduce_on: str = "auto", priority: str = "normal",
+                 micro_batches: int = 1, primary_reserve_s: float = 0.05):
         if init_horovod:
             hvd.init()
         elif not hvd.is_initialized():
             raise RuntimeError("crossover_tf: Horovod is not initialised; call hvd.init() first "
                                "or construct CrossoverStrategy(init_horovod=True)")
         self.group = group or ""
+        if priority not in lease_lib.PRIORITIES:
+            raise ValueError(f"crossover_tf: priority must be one of "
+                             f"{sorted(lease_lib.PRIORITIES)}, got {priority!r}")
+        if not 0 <= primary_reserve_s <= 10:
+            raise ValueError(f"crossover_tf: primary_reserve_s must be in [0, 10], got "
+                             f"{primary_reserve_s!r}")
         self.compression = compression
         self.memory = devices.GpuMemoryPolicy(growth=memory_growth and memory_limit_mb is None,
                                               limit_mb=memory_limit_mb)
@@ -61,8 +76,11 @@ class CrossoverStrategy:
         self.device_key = device_key or devices.device_key(
             hvd.local_rank(), gpu_ordinal, devices.CudaDriver() if gpu_ordinal is not None
             else None)
-        self.lease = (lease_lib.DeviceLease(self.group, self.device_key, lease_timeout_s)
-                      if self.group else None)
+        self.lease = (lease_lib.DeviceLease(self.group, self.device_key, lease_timeout_s,
+                                            priority) if self.group else None)
+        self.priority = priority
+        self.micro_batches = micro_batches
+        self.step_end_reserve_s = primary_reserve_s if priority == "primary" else 0.0
         self._check_consistent_across_ranks()
         self._device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
                                                  tf.config.list_logical_devices("CPU"),
@@ -185,7 +203,8 @@ class CrossoverStrategy:
         """
         sync_state = self.broadcast_variables if self.size > 1 else None
         keras_hooks.install(model, keras_hooks.CrossoverSetup(
-            self.lease, self.synchronize_gradients, sync_state))
+            self.lease, self.synchronize_gradients, sync_state, self.micro_batches,
+            self.step_end_reserve_s))
 
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrites variables on every rank with root_rank's values (e.g. after restoring a

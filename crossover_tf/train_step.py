@@ -7,6 +7,10 @@ So the step is split:
     acquire(compute) -> [forward+backward+metrics: XLA] -> yield -> grouped allreduce
                      -> acquire(apply) -> [optimizer update: XLA] -> yield
 
+With micro_batches > 1 (a secondary job in priority mode) the compute part runs once per
+micro-batch, each under its own hold, accumulating the gradients: between micro-batches a
+waiting primary gets the device, so it never waits longer than one micro-batch.
+
 The outer step is an ordinary tf.function; the two bracketed parts are nested
 tf.function(jit_compile=...) calls, i.e. XLA clusters of their own, each run by
 device_hold.run_holding_device. The device is never held while this process waits in a
@@ -35,13 +39,20 @@ class CrossoverTrainStep:
     """
 
     def __init__(self, model: keras.Model, lease: lease_lib.DeviceLease | None,
-                 allreduce: Allreduce, jit_compile: bool):
+                 allreduce: Allreduce, jit_compile: bool, micro_batches: int = 1,
+                 step_end_reserve_s: float = 0.0):
         if model.optimizer is None:
             raise ValueError("crossover_tf: compile the model (with an optimizer) before fit")
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
+                or micro_batches < 1:
+            raise ValueError(f"crossover_tf: micro_batches must be a positive whole number, "
+                             f"got {micro_batches!r}")
         self.model = model
         self.lease = lease
         self.allreduce = allreduce
         self.jit_compile = bool(jit_compile)
+        self.micro_batches = micro_batches
+        self.step_end_reserve_s = step_end_reserve_s
         self.compiled = False  # set once warm_up compiled its XLA parts
         # The function names are what XLA dumps and profiles show: keep them recognisable.
         self.compute = tf.function(as_unit(self.crossover_compute_gradients),
@@ -56,21 +67,48 @@ class CrossoverTrainStep:
         -> allreduce of the gradients (the device is free for the peer meanwhile)
         -> acquire(apply) -> optimizer update -> yield
         """
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        grads, metrics = run_holding_device(self.lease, lease_lib.TAG_COMPUTE, self.compute,
-                                            x, y, sample_weight)
+        grads, metrics = None, {}
+        for micro in self._micro_batches(data):
+            grads, metrics = run_holding_device(self.lease, lease_lib.TAG_COMPUTE, self.compute,
+                                                *micro, grads)
         grads = self.allreduce(grads)
-        run_holding_device(self.lease, lease_lib.TAG_APPLY, self.apply, grads)
+        run_holding_device(self.lease, lease_lib.TAG_APPLY, self.apply, grads,
+                           reserve_s=self.step_end_reserve_s)
         return metrics
 
     def compute_and_apply(self, data: Any) -> tf.Tensor:
         """compute then apply without lease or allreduce: what warm_up compiles."""
-        grads, _ = self.compute(*data_adapter_utils.unpack_x_y_sample_weight(data))
+        grads = None
+        for micro in self._micro_batches(data):
+            grads, _ = self.compute(*micro, grads)
         return self.apply(grads)
 
-    def crossover_compute_gradients(self, x: Any, y: Any,
-                                    sample_weight: Any) -> tuple[list[Any], dict[str, Any]]:
-        """Forward, loss, backward and metric updates: everything that needs the device."""
+    def _micro_batches(self, data: Any) -> list[tuple[Any, Any, Any]]:
+        """(x, y, sample_weight) of each micro-batch: equal consecutive slices of the batch."""
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        n = self.micro_batches
+        if n == 1:
+            return [(x, y, sample_weight)]
+        batch = tf.shape(tf.nest.flatten(x)[0])[0]
+        check = tf.debugging.assert_equal(
+            batch % n, 0, message=f"crossover_tf: the per-rank batch must divide into "
+            f"micro_batches={n} equal micro-batches")
+        with tf.control_dependencies([check]):
+            size = batch // n
+
+        def piece(i: int) -> Any:
+            return lambda t: None if t is None else t[i * size:(i + 1) * size]
+        return [tuple(tf.nest.map_structure(piece(i), part) for part in (x, y, sample_weight))
+                for i in range(n)]
+
+    def crossover_compute_gradients(self, x: Any, y: Any, sample_weight: Any,
+                                    accumulated: list[Any] | None = None
+                                    ) -> tuple[list[Any], dict[str, Any]]:
+        """Forward, loss, backward and metric updates: everything that needs the device.
+
+        With micro-batches, each one's gradient is scaled by 1/micro_batches and added to the
+        accumulated sum: equal micro-batches of a mean loss then give the full batch's gradient.
+        """
         model = self.model
         if not model.trainable_weights:
             raise ValueError("crossover_tf: the model has no trainable weights to train")
@@ -83,8 +121,12 @@ class CrossoverTrainStep:
                 keras_loss.unscale_loss_for_distribution(loss), sample_weight=batch)
             if model.optimizer is not None:
                 loss = model.optimizer.scale_loss(loss)
+            if self.micro_batches > 1:
+                loss = loss / self.micro_batches
         grads = tape.gradient(loss, model.trainable_weights)
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        if accumulated is not None:
+            grads = [g if a is None else a + g for a, g in zip(accumulated, grads)]
         return grads, model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def crossover_apply_gradients(self, grads: list[Any]) -> tf.Tensor:
