@@ -34,6 +34,8 @@ def _regime_lines(result: Mapping[str, Any]) -> list[str]:
         return []
     asked = regime.get("comm_to_compute_asked")
     source = regime.get("bandwidth_source", "fixed")
+    if not result.get("settings", {}).get("cluster", {}).get("emulated", True):
+        source += ", NOT applied: localhost fallback"
     lines = ["", "| regime | value |", "|---|---:|",
              f"| M/C asked for | {'—' if asked is None else f'{asked:g}'} |",
              f"| M/C achieved (solo runs) | {with_spread(regime['achieved_comm_to_compute'])} |",

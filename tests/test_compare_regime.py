@@ -163,6 +163,8 @@ def test_markdown_and_png_show_the_spread(tmp_path):
     assert "| M/C asked for | 1 |" in table
     assert "| M/C achieved (solo runs) | 0.950 [0.900–1.100] |" in table
     assert "| bandwidth (Mbit/s, calibrated) | 62.5 |" in table
+    unshaped = report.markdown({**result, "settings": {"cluster": {"emulated": False}}})
+    assert "| bandwidth (Mbit/s, calibrated, NOT applied: localhost fallback) |" in unshaped
     phases = {j: result["scenarios"]["crossover"]["jobs"][j]["phases_ns"] for j in "AB"}
     report.plot(result, phases, str(tmp_path / "compare.png"))
     assert (tmp_path / "compare.png").stat().st_size > 10_000
