@@ -47,7 +47,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     """Per-job and aggregate throughput per scenario, the ratios (median [min–max] over trials
     when there are several), the regime, and each job's solo C and M."""
     n_trials = result.get("trials", 1)
-    shown = f" (trial {result['representative_trial']}, the median one)" if n_trials > 1 else ""
+    shown = (f" (trial {result['representative_trial']}: median crossover / naive)"
+             if n_trials > 1 else "")
     lines = [f"| scenario{shown} | job A images/s | job B images/s | aggregate images/s |",
              "|---|---:|---:|---:|"]
     for name in SCENARIO_ORDER:
