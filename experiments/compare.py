@@ -1,7 +1,9 @@
 """Side-by-side comparison on one emulated cluster: solo, sequential, naive, crossover.
 
-  python -m experiments.compare                      # README's main job
-  python -m experiments.compare --bandwidth_mbit=100 --model=resnet20 --dataset=synthetic:cifar10
+  python -m experiments.compare                               # README's main job
+  python -m experiments.compare --comm_to_compute=2 --trials=3
+  python -m experiments.compare --sweep_comm_to_compute=0.5,1,2 --trials=3
+  python -m experiments.compare --bandwidth_mbit=100 --model=resnet20   # fixed link, no calibration
 
 Two identical-shaped jobs A and B (one rank per emulated host each) are run with the same
 model, data and settings as:
@@ -9,34 +11,40 @@ model, data and settings as:
               lease that nobody contends, which records each step's compute C and allreduce M)
   naive       A and B at the same time, no lease (device and link simply shared)
   crossover   A and B at the same time, sharing a device lease per host
-The table, JSON, markdown and PNG land in --out_dir; TensorBoard runs of every scenario land
-under <out_dir>/tensorboard, so `tensorboard --logdir <out_dir>/tensorboard` compares them.
 
-Defaults (ResNet-20 on synthetic CIFAR-10, global batch 128, 2 hosts at 35 Mbit/s) were chosen
-so that on a 2-core machine (one core per emulated host) compute C and allreduce M per step are
-of the same order (about 0.27 s each): the regime where crossing pays. ResNet-20's 1.1 MB of
-gradients also dwarf tc's token-bucket burst, so M reflects the configured rate; see README.
+Regime: crossing pays according to M/C, and C depends on the machine. Unless --bandwidth_mbit
+fixes the link, two short solo runs at two bandwidths fit M(B) = m0 + k/B (calibration.py) and
+the comparison runs at the bandwidth that gives --comm_to_compute; compare.json records the
+asked-for and the achieved M/C. --trials repeats every scenario, rotating their order each
+trial, and reports the median with min/max of every ratio. --sweep_comm_to_compute runs the
+calibrated comparison at several ratios (one sub-directory each) and writes sweep.{json,md,png}.
+
+The table, JSON, markdown and PNG land in --out_dir; TensorBoard runs of every scenario land
+under <out_dir>/tensorboard/t<trial>_<scenario>/<job>.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import pathlib
-import shlex
-import shutil
-import uuid
-from typing import Any, Mapping
+import statistics
+from typing import Any, Mapping, Sequence
 
 from absl import app, flags, logging
 
 from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.policies import MEASURED
+from experiments import calibration, report, scenarios, sweep, throughput, trials
 from experiments import config as config_lib
-from experiments import report, throughput
 
 FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", "learning_rate",
               "jit_compile", "bandwidth_mbit", "latency_ms", "num_hosts", "out_dir",
-              "timeout_s", "force_localhost", "scenarios"]
+              "timeout_s", "force_localhost", "scenarios", "comm_to_compute", "trials",
+              "sweep_comm_to_compute", "calibration_mbit", "calibration_timed_steps"]
 SCENARIOS = MEASURED
+MAX_TRIALS = 20
+MAX_SWEEP_POINTS = 8
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -49,17 +57,38 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     launch_pair.define_flags(flag_values)  # bandwidth_mbit, latency_ms, num_hosts, ...
     for name, default in (("model", "resnet20"), ("dataset", "synthetic:cifar10"),
                           ("global_batch_size", 128), ("steps", 40), ("warmup_steps", 10),
-                          ("bandwidth_mbit", 35.0), ("timeout_s", 900.0)):
+                          ("timeout_s", 900.0)):
         flag_values.set_default(name, default)
     define = config_lib.flag_definer(flag_values)
     define(flags.DEFINE_string, "out_dir", "runs/compare",
            "Where results and TensorBoard logs go.")
     define(flags.DEFINE_list, "scenarios", list(SCENARIOS),
            "Scenarios to run (sequential is needed: it provides the solo profiles).")
+    define(flags.DEFINE_float, "comm_to_compute", 1.0,
+           "Asked-for M/C (allreduce over device time per step); the link bandwidth is "
+           "calibrated to give it unless --bandwidth_mbit is set.")
+    define(flags.DEFINE_integer, "trials", 1,
+           f"Runs of every scenario (1..{MAX_TRIALS}), order rotated each trial.")
+    define(flags.DEFINE_list, "sweep_comm_to_compute", [],
+           f"M/C ratios (up to {MAX_SWEEP_POINTS}) to run the calibrated comparison at; "
+           "writes sweep.{json,md,png}.")
+    define(flags.DEFINE_float, "calibration_mbit", 100.0,
+           "First calibration bandwidth (the next ones are chosen from the results).")
+    define(flags.DEFINE_integer, "calibration_timed_steps", 20,
+           "Timed steps (after --warmup_steps) of each solo calibration run.")
+
+
+def sweep_ratios(c: Any) -> list[float]:
+    """--sweep_comm_to_compute as floats (a clear error for anything else)."""
+    try:
+        return [float(r) for r in c.sweep_comm_to_compute]
+    except (TypeError, ValueError):
+        raise ValueError(f"sweep_comm_to_compute must be numbers, got "
+                         f"{c.sweep_comm_to_compute!r}") from None
 
 
 def validate(c: Any) -> None:
-    _train_command(c, "A", "", "", "")  # train.py validates the settings the ranks get
+    scenarios.train_command(c, "A", "", "", "")  # train.py validates the ranks' settings
     config_lib.require(c.bandwidth_mbit is None or c.bandwidth_mbit > 0,
                        "bandwidth_mbit must be positive")
     config_lib.require(c.num_hosts >= 2, "num_hosts must be >= 2: one host has no network")
@@ -70,43 +99,31 @@ def validate(c: Any) -> None:
     config_lib.require(not unknown, f"unknown scenarios {unknown}; choose from {SCENARIOS}")
     config_lib.require("sequential" in c.scenarios,
                        "the sequential scenario is required (it gives the solo profiles)")
-
-
-def _train_command(c: Any, job: str, group: str, model_dir: str, barrier: str) -> list[str]:
-    """One rank's command: train.py with the comparison's training settings."""
-    from experiments import train
-    return train.train_argv({
-        "job": job, "group": group, "model": c.model, "dataset": c.dataset,
-        "global_batch_size": c.global_batch_size, "steps": c.steps,
-        "warmup_steps": c.warmup_steps, "learning_rate": c.learning_rate,
-        "jit_compile": c.jit_compile, "model_dir": model_dir, "start_barrier": barrier})
-
-
-def _run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path) -> dict[str, JobStats]:
-    """Runs both jobs of one scenario; returns their rank-0 stats.json contents."""
-    from experiments import launch_pair
-    group = {"naive": ""}.get(name, f"xo{uuid.uuid4().hex[:8]}")
-    tensorboard_dir = out / "tensorboard" / name
-    concurrent = name != "sequential"
-    shutil.rmtree(out / "barriers" / name, ignore_errors=True)  # arrivals of an earlier run
-    # Concurrent jobs start training together (all ranks of both); sequential ones alone.
-    jobs = {job: _train_command(c, job, group, str(tensorboard_dir), barrier=(
-        f"{out / 'barriers' / name}:{2 * c.num_hosts}" if concurrent else ""))
-        for job in ("A", "B")}
-    logging.info("scenario %s: %s", name, " ".join(map(shlex.quote, jobs["A"])))
-    results = launch_pair.run_jobs(cluster, jobs,
-                                   mode="concurrent" if concurrent else "sequential",
-                                   log_dir=str(out / "logs" / name), timeout_s=c.timeout_s)
-    if group:
-        from experiments.cluster import remove_lease_segments
-        remove_lease_segments([group])
-    for job, result in results.items():
-        if not result["ok"]:
-            raise RuntimeError(
-                f"scenario {name}: job {job} failed (rank {result['failed_rank']}, exit "
-                f"{result['failed_exit_code']}, timed out {result['timed_out']}); log tail:\n"
-                f"{result['failed_log_tail']}")
-    return {job: JobStats.from_json(tensorboard_dir / job / "stats.json") for job in jobs}
+    config_lib.require(1 <= c.trials <= MAX_TRIALS,
+                       f"trials must be in 1..{MAX_TRIALS}, got {c.trials}")
+    config_lib.require(math.isfinite(c.comm_to_compute) and c.comm_to_compute > 0,
+                       f"comm_to_compute must be a positive number, got {c.comm_to_compute}")
+    ratios = sweep_ratios(c)
+    config_lib.require(all(math.isfinite(r) and r > 0 for r in ratios),
+                       f"sweep_comm_to_compute ratios must be positive, got {ratios}")
+    config_lib.require(len(ratios) <= MAX_SWEEP_POINTS and len(set(ratios)) == len(ratios),
+                       f"sweep_comm_to_compute takes up to {MAX_SWEEP_POINTS} distinct "
+                       f"ratios, got {ratios}")
+    config_lib.require(not ratios or c.bandwidth_mbit is None,
+                       "sweep_comm_to_compute calibrates the bandwidth per ratio; drop "
+                       "--bandwidth_mbit")
+    config_lib.require(not ratios or {"naive", "crossover"} <= set(c.scenarios),
+                       "sweep_comm_to_compute compares crossover with naive and sequential: "
+                       "run all scenarios")
+    config_lib.require(c.bandwidth_mbit is not None or not c.force_localhost,
+                       "calibration needs shaped links; force_localhost has none, so set "
+                       "--bandwidth_mbit (it is then not applied) or drop force_localhost")
+    lowest = calibration.MIN_MBIT * calibration.MIN_STEP
+    config_lib.require(lowest <= c.calibration_mbit <= calibration.MAX_MBIT,
+                       f"calibration_mbit must be in [{lowest:g}, {calibration.MAX_MBIT:g}], "
+                       f"got {c.calibration_mbit}")
+    config_lib.require(c.calibration_timed_steps >= 5,
+                       f"calibration_timed_steps must be >= 5, got {c.calibration_timed_steps}")
 
 
 def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
@@ -141,35 +158,132 @@ def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
     return {"settings": dict(settings), "scenarios": scenarios, "ratios": ratios}
 
 
-def run(flag_values: flags.FlagValues = flags.FLAGS,
-        overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Runs the scenarios on one cluster; writes compare.{json,md,png}; returns the result."""
-    define_flags(flag_values)
-    c = config_lib.resolve(flag_values, FLAG_NAMES, overrides, validate, "compare")
+
+def _cluster(c: Any, bandwidth_mbit: float | None) -> Any:
     from experiments.cluster import EmulatedCluster
-    out = pathlib.Path(c.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stats: dict[str, dict] = {}
-    with EmulatedCluster(num_hosts=c.num_hosts, bandwidth_mbit=c.bandwidth_mbit,
-                         latency_ms=c.latency_ms, force_localhost=c.force_localhost) as cluster:
+    return EmulatedCluster(num_hosts=c.num_hosts, bandwidth_mbit=bandwidth_mbit,
+                           latency_ms=c.latency_ms, force_localhost=c.force_localhost)
+
+
+def _calibration_point(c: Any, out: pathlib.Path, bandwidth: float
+                       ) -> calibration.CalibrationPoint:
+    """A short solo run of job A (holding an uncontended lease) on a cluster at `bandwidth`."""
+    with _cluster(c, bandwidth) as cluster:
+        if not cluster.is_emulated:
+            raise RuntimeError(f"calibration needs the emulated, shaped cluster, but it fell back "
+                               f"to localhost ({cluster.fallback_reason}); set --bandwidth_mbit")
+        stats = scenarios.run_scenario(
+            cluster, c, "sequential", out / "calibration", run_name=f"{bandwidth:.4g}mbit",
+            jobs=("A",), steps=c.warmup_steps + c.calibration_timed_steps)["A"]
+    point = calibration.CalibrationPoint(bandwidth, stats.device_s, stats.comm_s)
+    logging.info("calibration at %.4g Mbit/s: C=%.1f ms, M=%.1f ms", bandwidth,
+                 1e3 * point.compute_s, 1e3 * point.comm_s)
+    return point
+
+
+def calibrate(c: Any, out: pathlib.Path, ratios: Sequence[float]
+              ) -> tuple[dict[float, float], dict[str, Any]]:
+    """Solo runs at 2..MAX_POINTS bandwidths, the fit, and the bandwidth for each ratio;
+    writes calibration.json first, so an unreachable ratio's error comes with its numbers."""
+    target = statistics.geometric_mean(ratios)  # the points bracket the sweep's middle
+    points = [_calibration_point(c, out, c.calibration_mbit)]
+    while len(points) < calibration.MAX_POINTS:
+        bandwidth = calibration.next_bandwidth(points, target)
+        if bandwidth is None:
+            break
+        points.append(_calibration_point(c, out, bandwidth))
+    record: dict[str, Any] = {"points": [dataclasses.asdict(p) for p in points]}
+    saved = out / "calibration" / "calibration.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(record, indent=2))  # kept even if the fit fails
+    fit = calibration.fit_comm_model(points)
+    compute_s = calibration.compute_time(points)
+    record.update(fit=dataclasses.asdict(fit), compute_s=compute_s,
+                  smallest_reachable_ratio=calibration.smallest_ratio(fit, compute_s))
+    saved.write_text(json.dumps(record, indent=2))
+    return {r: calibration.choose_bandwidth(fit, compute_s, r) for r in ratios}, record
+
+
+def _run_trials(c: Any, out: pathlib.Path, bandwidth: float | None
+                ) -> tuple[list[dict[str, dict[str, JobStats]]], dict[str, Any]]:
+    """Every scenario `c.trials` times on one cluster, order rotated each trial."""
+    order = [name for name in SCENARIOS if name in c.scenarios]
+    stats: list[dict[str, dict[str, JobStats]]] = []
+    with _cluster(c, bandwidth) as cluster:
         cluster_info = cluster.describe()
-        for name in SCENARIOS:
-            if name in c.scenarios:
-                stats[name] = _run_scenario(cluster, c, name, out)
-    settings = {**vars(c), "cluster": cluster_info}
-    result = summarise(stats, c.warmup_steps, settings)
-    _attach_planner_validation(result)
+        for trial in range(c.trials):
+            stats.append({name: scenarios.run_scenario(cluster, c, name, out, f"t{trial}_{name}")
+                          for name in trials.trial_order(order, trial)})
+    return stats, cluster_info
+
+
+def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None,
+               regime: Mapping[str, Any]) -> dict[str, Any]:
+    """Runs the trials at one bandwidth; writes compare.{json,md,png} in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    stats, cluster_info = _run_trials(c, out, bandwidth)
+    per_trial = []
+    for trial, trial_stats in enumerate(stats):
+        summary = summarise(trial_stats, c.warmup_steps,
+                            {"trial": trial, "order": list(trial_stats)})
+        _attach_planner_validation(summary)
+        per_trial.append(summary)
+    result = trials.combine(per_trial)
+    result["settings"] = {**vars(c), "bandwidth_mbit": bandwidth, "cluster": cluster_info}
+    result["regime"] = {**regime, "bandwidth_mbit": bandwidth,
+                        "achieved_comm_to_compute": trials.spread(
+                            [trials.comm_to_compute(t) for t in per_trial])}
+    if "planner" in per_trial[result["representative_trial"]]:
+        result["planner"] = per_trial[result["representative_trial"]]["planner"]
     (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
     table = report.markdown(result)
     (out / "compare.md").write_text(table)
-    if "crossover" in stats:
+    crossover = stats[result["representative_trial"]].get("crossover")
+    if crossover:
         import numpy as np
-        phases = {job: np.asarray(s.phases_ns) for job, s in stats["crossover"].items()}
+        phases = {job: np.asarray(s.phases_ns) for job, s in crossover.items()}
         report.plot(result, phases, str(out / "compare.png"))
     print(table)
     print(f"results: {out / 'compare.json'}, {out / 'compare.md'}, {out / 'compare.png'}; "
           f"tensorboard --logdir {out / 'tensorboard'}")
     return result
+
+
+def run(flag_values: flags.FlagValues = flags.FLAGS,
+        overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The comparison (or the sweep, with --sweep_comm_to_compute); returns what it wrote."""
+    define_flags(flag_values)
+    c = config_lib.resolve(flag_values, FLAG_NAMES, overrides, validate, "compare")
+    out = pathlib.Path(c.out_dir)  # compare_at and calibrate make the directories they use
+    if sweep_ratios(c):
+        return run_sweep(c, out, sweep_ratios(c))
+    if c.bandwidth_mbit is not None:
+        regime = {"comm_to_compute_asked": None, "bandwidth_source": "fixed", "calibration": None}
+        return compare_at(c, out, c.bandwidth_mbit, regime)
+    bandwidths, record = calibrate(c, out, [c.comm_to_compute])
+    regime = {"comm_to_compute_asked": c.comm_to_compute, "bandwidth_source": "calibrated",
+              "calibration": record}
+    return compare_at(c, out, bandwidths[c.comm_to_compute], regime)
+
+
+def run_sweep(c: Any, out: pathlib.Path, ratios: Sequence[float]) -> dict[str, Any]:
+    """One calibration (every ratio checked reachable before any comparison), then the
+    comparison at each ratio in <out>/ratio_<r>; writes sweep.{json,md,png}."""
+    bandwidths, record = calibrate(c, out, ratios)
+    rows = []
+    for ratio in ratios:
+        regime = {"comm_to_compute_asked": ratio, "bandwidth_source": "calibrated",
+                  "calibration": record}
+        result = compare_at(c, out / f"ratio_{ratio:g}", bandwidths[ratio], regime)
+        rows.append(sweep.row(result))
+    summary = {"calibration": record, "rows": rows}
+    (out / "sweep.json").write_text(json.dumps(summary, indent=2))
+    table = sweep.markdown(rows)
+    (out / "sweep.md").write_text(table)
+    sweep.plot(rows, str(out / "sweep.png"))
+    print(table)
+    print(f"sweep: {out / 'sweep.json'}, {out / 'sweep.md'}, {out / 'sweep.png'}")
+    return summary
 
 
 def _attach_planner_validation(result: dict[str, Any]) -> None:

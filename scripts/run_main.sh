@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The project's main job (README): install (cached), then run the side-by-side comparison of a
 # crossover pair against solo, sequential and naive co-location on an emulated two-host
-# cluster (network namespaces, bandwidth-limited links; needs root, else localhost fallback).
-# Extra arguments go to experiments/compare.py, e.g. `--bandwidth_mbit=50`.
+# cluster (network namespaces, bandwidth-limited links; needs root: without it, add
+# --bandwidth_mbit=N to run unshaped localhost ranks, uncalibrated).
+# It calibrates the link to M/C = 1 and runs 3 interleaved trials. Extra arguments go to
+# experiments/compare.py (later flags win), e.g. `--comm_to_compute=2`, `--trials=5`,
+# `--sweep_comm_to_compute=0.5,1,2` or `--bandwidth_mbit=50` (fixed link, no calibration).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${CROSSOVER_VENV:-$ROOT/.venv}
 bash "$ROOT/scripts/install.sh"
 cd "$ROOT"
-exec "$VENV/bin/python" -m experiments.compare "$@"
+exec "$VENV/bin/python" -m experiments.compare --trials=3 "$@"

@@ -139,5 +139,7 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
     assert "planner" in saved and saved["planner"]["prediction"]
     runs = {p.parent.parent.name + "/" + p.parent.name
             for p in (tmp_path / "tensorboard").glob("*/*/events.out.tfevents.*")}
-    assert runs == {f"{s}/{j}" for s in ("sequential", "naive", "crossover") for j in "AB"}
+    assert runs == {f"t0_{s}/{j}" for s in ("sequential", "naive", "crossover") for j in "AB"}
     assert result["ratios"] == saved["ratios"]
+    assert saved["trials"] == 1 and saved["regime"]["bandwidth_source"] == "fixed"
+    assert saved["regime"]["achieved_comm_to_compute"]["median"] > 0

@@ -1,0 +1,60 @@
+"""Runs one scenario of the comparison (both jobs, or job A alone) on an emulated cluster.
+
+Kept apart from compare.py, which decides what to run (calibration, trials, sweep); this module
+knows how: each rank's train.py command, lease groups, start barriers, logs, failures.
+"""
+from __future__ import annotations
+
+import pathlib
+import shlex
+import shutil
+import uuid
+from typing import Any, Sequence
+
+from absl import logging
+
+from crossover_tf_planner.job_stats import JobStats
+
+
+def train_command(c: Any, job: str, group: str, model_dir: str, barrier: str,
+                  steps: int | None = None) -> list[str]:
+    """One rank's command: train.py with the comparison's training settings."""
+    from experiments import train
+    return train.train_argv({
+        "job": job, "group": group, "model": c.model, "dataset": c.dataset,
+        "global_batch_size": c.global_batch_size, "steps": steps or c.steps,
+        "warmup_steps": c.warmup_steps, "learning_rate": c.learning_rate,
+        "jit_compile": c.jit_compile, "model_dir": model_dir, "start_barrier": barrier})
+
+
+def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: str = "",
+                 jobs: Sequence[str] = ("A", "B"), steps: int | None = None
+                 ) -> dict[str, JobStats]:
+    """Runs the jobs of scenario `name` (sequential: one after the other, each holding an
+    uncontended lease so its timeline gives C and M; naive: together without a lease;
+    crossover: together sharing one). TensorBoard runs, logs and barriers go under `run_name`
+    (default: the scenario's name). Returns each job's rank-0 stats.json contents."""
+    from experiments import launch_pair
+    run_name = run_name or name
+    group = {"naive": ""}.get(name, f"xo{uuid.uuid4().hex[:8]}")
+    tensorboard_dir = out / "tensorboard" / run_name
+    concurrent = name != "sequential"
+    barriers = out / "barriers" / run_name
+    shutil.rmtree(barriers, ignore_errors=True)  # arrivals of an earlier run
+    # Concurrent jobs start training together (all ranks of both); sequential ones alone.
+    commands = {job: train_command(c, job, group, str(tensorboard_dir), steps=steps, barrier=(
+        f"{barriers}:{len(jobs) * c.num_hosts}" if concurrent else "")) for job in jobs}
+    logging.info("scenario %s: %s", run_name, " ".join(map(shlex.quote, commands[jobs[0]])))
+    results = launch_pair.run_jobs(cluster, commands,
+                                   mode="concurrent" if concurrent else "sequential",
+                                   log_dir=str(out / "logs" / run_name), timeout_s=c.timeout_s)
+    if group:
+        from experiments.cluster import remove_lease_segments
+        remove_lease_segments([group])
+    for job, result in results.items():
+        if not result["ok"]:
+            raise RuntimeError(
+                f"scenario {run_name}: job {job} failed (rank {result['failed_rank']}, exit "
+                f"{result['failed_exit_code']}, timed out {result['timed_out']}); log tail:\n"
+                f"{result['failed_log_tail']}")
+    return {job: JobStats.from_json(tensorboard_dir / job / "stats.json") for job in commands}

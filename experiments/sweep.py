@@ -1,0 +1,88 @@
+"""The M/C sweep's table and plot: measured crossover ratios against measured M/C, with the
+planner's predictions beside them (so a reader sees where the model holds and where not).
+
+Rows come from compare.json results (one per asked-for ratio); pure formatting, no runs.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping, Sequence
+
+from experiments import report, trials
+
+# compare.json ratio key -> the planner report's key for the same ratio.
+RATIOS = {"crossover_over_naive": "crossover/naive",
+          "crossover_over_sequential": "crossover/sequential"}
+MODELS = ("analytical", "simulated")
+
+
+def _predicted(result: Mapping[str, Any], planner_key: str, model: str) -> float | None:
+    """The planner's prediction of one ratio, median over trials (None without a planner)."""
+    values = [t["planner"]["aggregate_images_ratios"][planner_key][model]
+              for t in result.get("per_trial", [result])
+              if planner_key in t.get("planner", {}).get("aggregate_images_ratios", {})]
+    return statistics.median(values) if values else None
+
+
+def row(result: Mapping[str, Any]) -> dict[str, Any]:
+    """One sweep point from a comparison result: asked and achieved M/C, the bandwidth, and
+    per ratio the measured spread and each model's prediction."""
+    regime = result["regime"]
+    spreads = result.get("ratio_spread") or {
+        k: trials.spread([v]) for k, v in result["ratios"].items()}
+    return {"comm_to_compute_asked": regime["comm_to_compute_asked"],
+            "achieved_comm_to_compute": regime["achieved_comm_to_compute"],
+            "bandwidth_mbit": regime["bandwidth_mbit"], "trials": result.get("trials", 1),
+            **{key: {"measured": spreads[key],
+                     **{model: _predicted(result, planner_key, model) for model in MODELS}}
+               for key, planner_key in RATIOS.items()}}
+
+
+def _prediction(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line per M/C point: measured median [min–max] and predicted (analytical, sim)."""
+    lines = ["| M/C asked | M/C measured | Mbit/s | crossover/naive measured | predicted "
+             "(analytical / simulated) | crossover/sequential measured | predicted "
+             "(analytical / simulated) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cells = [f"{r['comm_to_compute_asked']:g}", report.with_spread(
+            r["achieved_comm_to_compute"], 2), f"{r['bandwidth_mbit']:.4g}"]
+        for key in RATIOS:
+            cells += [report.with_spread(r[key]["measured"]),
+                      " / ".join(_prediction(r[key][m]) for m in MODELS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """One panel per ratio: measured median with min–max bars and the per-trial points
+    against measured M/C, the planner's predictions at the same M/C, and the break-even line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(RATIOS), figsize=(12, 4.5))
+    x = [r["achieved_comm_to_compute"]["median"] for r in rows]
+    for ax, (key, label) in zip(axes, RATIOS.items()):
+        measured = [r[key]["measured"] for r in rows]
+        medians = [m["median"] for m in measured]
+        ax.errorbar(x, medians, yerr=[[m["median"] - m["min"] for m in measured],
+                                      [m["max"] - m["median"] for m in measured]],
+                    fmt="o-", color="tab:red", capsize=5, label="measured median [min–max]")
+        for xi, m in zip(x, measured):
+            ax.plot([xi] * len(m["values"]), m["values"], "k.", alpha=0.5)
+        for model, marker in zip(MODELS, ("s--", "^:")):
+            points = [(xi, r[key][model]) for xi, r in zip(x, rows) if r[key][model] is not None]
+            if points:
+                ax.plot(*zip(*points), marker, label=f"predicted ({model})")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("M/C measured (solo allreduce / device time per step)")
+        ax.set_title(label)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

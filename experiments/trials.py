@@ -1,0 +1,60 @@
+"""Repeated trials of a comparison: interleaved order, and median with min/max per ratio.
+
+One run of each scenario says little on a shared machine: a slow minute lands on whichever
+scenario ran then. Running every scenario once per trial, in an order rotated each trial, lets
+drift hit all scenarios; the spread across trials says how far a ratio can be trusted.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping, Sequence
+
+from crossover_tf_planner.job_stats import JobStats
+
+# The ratio that picks the representative trial (the one whose scenarios compare.json shows).
+PRIMARY_RATIO = "crossover_over_naive"
+
+
+def trial_order(scenarios: Sequence[str], trial: int) -> list[str]:
+    """Scenario order of one trial: the list rotated left by `trial`."""
+    shift = trial % len(scenarios)
+    return [*scenarios[shift:], *scenarios[:shift]]
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min, max and the per-trial values."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": list(values)}
+
+
+def comm_to_compute(result: Mapping[str, Any]) -> float:
+    """M/C of one trial from its solo profiles: total allreduce over total device time."""
+    solos = [JobStats.from_dict(result["scenarios"][f"solo_{job}"]["jobs"][job])
+             for job in ("A", "B")]
+    return sum(s.comm_s for s in solos) / sum(s.device_s for s in solos)
+
+
+def representative_trial(per_trial: Sequence[Mapping[str, Any]]) -> int:
+    """Index of the trial whose primary ratio is the (lower) median; trial 0 when the
+    comparison has no such ratio (e.g. without the naive scenario)."""
+    values = [t["ratios"].get(PRIMARY_RATIO, float("nan")) for t in per_trial]
+    if any(v != v for v in values):  # NaN: ratio missing
+        return 0
+    ranked = sorted(range(len(values)), key=values.__getitem__)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def combine(per_trial: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """compare.json's body from per-trial summaries: the representative trial's scenarios,
+    "ratios" as medians over trials with "ratio_spread" beside them, and every trial."""
+    if not per_trial:
+        raise ValueError("no trials to combine")
+    chosen = representative_trial(per_trial)
+    ratio_spread = {name: spread([t["ratios"][name] for t in per_trial])
+                    for name in per_trial[0]["ratios"]}
+    return {"trials": len(per_trial), "representative_trial": chosen,
+            "scenarios": per_trial[chosen]["scenarios"],
+            "ratios": {name: s["median"] for name, s in ratio_spread.items()},
+            "ratio_spread": ratio_spread,
+            "achieved_comm_to_compute": spread([comm_to_compute(t) for t in per_trial]),
+            "per_trial": list(per_trial)}

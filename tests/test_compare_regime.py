@@ -1,0 +1,338 @@
+"""compare.py's calibration, repeated trials and sweep, on hand-made stats (no cluster)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+
+import pytest
+
+from crossover_tf_planner import validate as planner_validate
+from crossover_tf_planner.job_stats import JobStats
+from experiments import calibration, compare, report, sweep, trials
+from experiments.calibration import CalibrationPoint, CommFit
+
+MS = 1e-3
+
+
+@pytest.fixture(autouse=True)
+def _flags():
+    compare.define_flags()
+
+
+# -- calibration: fit and choice ------------------------------------------------------------------
+def _points(fit: CommFit, compute_s: float, *bandwidths: float) -> list[CalibrationPoint]:
+    return [CalibrationPoint(b, compute_s, fit.comm_s(b)) for b in bandwidths]
+
+
+def test_fit_recovers_fixed_and_per_bandwidth_parts():
+    truth = CommFit(fixed_s=20 * MS, per_mbit_s=5.0)
+    for bandwidths in ((50, 200), (10, 40, 160)):
+        fit = calibration.fit_comm_model(_points(truth, 0.1, *bandwidths))
+        assert fit.fixed_s == pytest.approx(truth.fixed_s)
+        assert fit.per_mbit_s == pytest.approx(truth.per_mbit_s)
+
+
+def test_chosen_bandwidth_gives_the_asked_ratio():
+    fit = CommFit(fixed_s=20 * MS, per_mbit_s=5.0)
+    for ratio in (0.5, 1.0, 2.0):
+        bandwidth = calibration.choose_bandwidth(fit, 0.1, ratio)
+        assert fit.comm_s(bandwidth) / 0.1 == pytest.approx(ratio)
+    assert calibration.choose_bandwidth(fit, 0.1, 1.0) == pytest.approx(5.0 / 0.08)
+
+
+def test_unreachable_ratio_names_the_smallest_reachable_one():
+    fit = CommFit(fixed_s=30 * MS, per_mbit_s=5.0)
+    assert calibration.smallest_ratio(fit, 0.1) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match=r"unreachable.*smallest reachable ratio is about 0.3"):
+        calibration.choose_bandwidth(fit, 0.1, 0.25)
+    with pytest.raises(ValueError, match="outside the emulated link's range"):
+        calibration.choose_bandwidth(fit, 0.1, 0.3 + 1e-9)  # needs a near-infinite link
+
+
+def test_fit_rejects_points_that_cannot_set_the_ratio():
+    with pytest.raises(ValueError, match="2 distinct bandwidths"):
+        calibration.fit_comm_model([CalibrationPoint(50, 0.1, 0.1)] * 2)
+    flat = [CalibrationPoint(50, 0.1, 0.1), CalibrationPoint(200, 0.1, 0.12)]
+    with pytest.raises(ValueError, match="not the bottleneck"):
+        calibration.fit_comm_model(flat)
+
+
+def test_second_bandwidth_brackets_the_target_and_stays_apart():
+    # M = 50 ms at 100 Mbit/s against C = 100 ms: for M/C = 1 guess 100 * 0.05 / 0.1 = 50.
+    assert calibration.second_bandwidth(CalibrationPoint(100, 0.1, 0.05), 1.0) == 50
+    # Already on target: a slower link, MIN_STEP away.
+    assert calibration.second_bandwidth(CalibrationPoint(100, 0.1, 0.1), 1.0) == 50
+    # Far off: at most MAX_STEP away.
+    assert calibration.second_bandwidth(CalibrationPoint(100, 0.1, 100.0), 1.0) == 1600
+
+
+def test_next_bandwidth_stops_once_the_fit_brackets_the_target():
+    truth = CommFit(fixed_s=20 * MS, per_mbit_s=5.0)
+    first = _points(truth, 0.1, 100)
+    assert calibration.next_bandwidth(first, 1.0) == calibration.second_bandwidth(first[0], 1.0)
+    assert calibration.next_bandwidth(_points(truth, 0.1, 100, 50), 1.0) is None  # B* = 62.5
+    # B* = 5 / (0.5 - 0.02) = 10.4, far below the measured 100..400: measure there.
+    assert calibration.next_bandwidth(_points(truth, 0.1, 100, 400), 5.0) == pytest.approx(
+        5.0 / 0.48)
+    # Far above: at most MAX_STEP beyond the fastest link measured.
+    assert calibration.next_bandwidth(_points(truth, 0.1, 1, 2), 1.0) == 2 * calibration.MAX_STEP
+    # Unreachable: more points cannot help, choose_bandwidth will say why.
+    assert calibration.next_bandwidth(_points(truth, 0.1, 100, 50), 0.1) is None
+
+
+def test_next_bandwidth_goes_slower_when_noise_swamps_the_link():
+    noisy = [CalibrationPoint(100, 0.1, 0.043), CalibrationPoint(44, 0.12, 0.027)]
+    assert calibration.next_bandwidth(noisy, 1.0) == 22
+    at_floor = [CalibrationPoint(2, 0.1, 0.043), CalibrationPoint(1, 0.12, 0.027)]
+    assert calibration.next_bandwidth(at_floor, 1.0) is None
+
+
+# -- trials ---------------------------------------------------------------------------------------
+def test_rotated_orders_put_every_scenario_in_every_position():
+    names = ["sequential", "naive", "crossover"]
+    orders = [trials.trial_order(names, t) for t in range(3)]
+    assert orders[0] == names and orders[1] == ["naive", "crossover", "sequential"]
+    for position in range(3):
+        assert {order[position] for order in orders} == set(names)
+    assert trials.trial_order(names, 3) == names
+
+
+def _stats(job: str, period_s: float, compute_s: float, comm_s: float, start_s: float = 0.0,
+           steps: int = 20, batch: int = 32) -> JobStats:
+    """A job stepping every period_s; its lease timeline has compute, comm and a 10% apply."""
+    apply_s = 0.1 * compute_s
+    starts = [start_s + i * period_s for i in range(steps)]
+    phases = [[int(1e9 * t) for t in (s, s + compute_s, s + compute_s + comm_s,
+                                      s + compute_s + comm_s, s + compute_s + comm_s + apply_s)]
+              for s in starts]
+    return JobStats(job=job, global_batch_size=batch, steps=steps, timed_steps=steps - 1,
+                    step_time_s=period_s, images_per_s=batch / period_s,
+                    timed_wall_s=(steps - 1) * period_s,
+                    step_end_ns=[int(1e9 * (s + period_s)) for s in starts], phases_ns=phases,
+                    compute_s=compute_s, comm_s=comm_s, apply_s=apply_s)
+
+
+def _scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
+                    ) -> dict[str, dict[str, JobStats]]:
+    """sequential at the solo step, naive 1.2x and crossover `crossover_speedup`x the
+    sequential aggregate (each job at half its solo rate times the speedup)."""
+    solo = 1.1 * compute_s + comm_s
+    return {"sequential": {j: _stats(j, solo, compute_s, comm_s) for j in "AB"},
+            "naive": {j: _stats(j, 2 * solo / 1.2, compute_s, comm_s) for j in "AB"},
+            "crossover": {j: _stats(j, 2 * solo / crossover_speedup, compute_s, comm_s)
+                          for j in "AB"}}
+
+
+def _trial_results(speedups: list[float]) -> list[dict]:
+    results = []
+    for trial, speedup in enumerate(speedups):
+        summary = compare.summarise(_scenario_stats(0.1, 0.1, speedup), 1, {"trial": trial})
+        compare._attach_planner_validation(summary)
+        results.append(summary)
+    return results
+
+
+def test_combined_trials_report_median_and_spread_and_stay_valid_for_the_planner():
+    combined = trials.combine(_trial_results([1.5, 1.8, 1.2]))
+    spread = combined["ratio_spread"]["crossover_over_sequential"]
+    assert spread["values"] == pytest.approx([1.5, 1.8, 1.2])
+    assert (spread["median"], spread["min"], spread["max"]) == pytest.approx((1.5, 1.2, 1.8))
+    assert combined["ratios"]["crossover_over_sequential"] == pytest.approx(1.5)
+    assert combined["ratios"]["crossover_over_naive"] == pytest.approx(1.5 / 1.2)
+    assert combined["trials"] == 3 and combined["representative_trial"] == 0
+    assert combined["scenarios"] is combined["per_trial"][0]["scenarios"]
+    # M/C from the solo profiles: 100 ms over 110 ms of device time.
+    assert trials.comm_to_compute(combined) == pytest.approx(0.1 / 0.11)
+    planner = planner_validate.validate_comparison(combined, sim_steps=30)
+    assert planner["normalised_ratios"]["crossover/naive"]["measured"] == pytest.approx(1.25)
+
+
+def test_even_trial_count_shows_the_lower_median_trial():
+    assert trials.representative_trial(_trial_results([1.8, 1.2])) == 1
+
+
+def test_markdown_and_png_show_the_spread(tmp_path):
+    result = {**trials.combine(_trial_results([1.5, 1.8, 1.2])),
+              "regime": {"comm_to_compute_asked": 1.0, "bandwidth_source": "calibrated",
+                         "bandwidth_mbit": 62.5,
+                         "achieved_comm_to_compute": trials.spread([0.9, 0.95, 1.1])}}
+    table = report.markdown(result)
+    assert "| crossover / sequential | 1.500 [1.200–1.800] |" in table
+    assert "median [min–max] of 3 trials" in table
+    assert "| M/C asked for | 1 |" in table
+    assert "| M/C achieved (solo runs) | 0.950 [0.900–1.100] |" in table
+    assert "| bandwidth (Mbit/s, calibrated) | 62.5 |" in table
+    unshaped = report.markdown({**result, "settings": {"cluster": {"emulated": False}}})
+    assert "| bandwidth (Mbit/s, calibrated, NOT applied: localhost fallback) |" in unshaped
+    phases = {j: result["scenarios"]["crossover"]["jobs"][j]["phases_ns"] for j in "AB"}
+    report.plot(result, phases, str(tmp_path / "compare.png"))
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
+
+
+def test_sweep_rows_pair_measured_spread_with_predictions(tmp_path):
+    result = {**trials.combine(_trial_results([1.5, 1.8, 1.2])),
+              "regime": {"comm_to_compute_asked": 1.0, "bandwidth_mbit": 62.5,
+                         "achieved_comm_to_compute": trials.spread([0.9, 0.95, 1.1])}}
+    point = sweep.row(result)
+    measured = point["crossover_over_naive"]["measured"]
+    assert (measured["median"], measured["min"], measured["max"]) == pytest.approx(
+        (1.5 / 1.2, 1.2 / 1.2, 1.8 / 1.2))
+    predicted = [t["planner"]["aggregate_images_ratios"]["crossover/naive"]["analytical"]
+                 for t in result["per_trial"]]
+    assert point["crossover_over_naive"]["analytical"] == pytest.approx(sorted(predicted)[1])
+    table = sweep.markdown([point])
+    assert re.search(r"\| 1 \| 0\.95 \[0\.90–1\.10\] \| 62\.5 \| 1\.250 \[1\.000–1\.500\] \| "
+                     r"\d\.\d{3} / \d\.\d{3} \|", table), table
+    sweep.plot([point, {**point, "achieved_comm_to_compute": trials.spread([2.0])}],
+               str(tmp_path / "sweep.png"))
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+
+
+# -- validation -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides, message", [
+    ({"trials": 0}, "trials must be in 1..20"),
+    ({"comm_to_compute": -1.0}, "comm_to_compute must be a positive number"),
+    ({"sweep_comm_to_compute": ["1", "x"]}, "sweep_comm_to_compute must be numbers"),
+    ({"sweep_comm_to_compute": ["1", "0"]}, "ratios must be positive"),
+    ({"sweep_comm_to_compute": ["1", "1"]}, "distinct"),
+    ({"sweep_comm_to_compute": ["1"], "bandwidth_mbit": 50.0}, "drop --bandwidth_mbit"),
+    ({"sweep_comm_to_compute": ["1"], "scenarios": ["sequential"]}, "run all scenarios"),
+    ({"force_localhost": True}, "calibration needs shaped links"),
+    ({"calibration_mbit": 1.0}, "calibration_mbit must be in"),
+    ({"calibration_timed_steps": 2}, "calibration_timed_steps must be >= 5"),
+])
+def test_compare_rejects_bad_regime_settings_clearly(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        compare.run(overrides=overrides)
+
+
+# -- orchestration with a fake cluster ------------------------------------------------------------
+class _FakeCluster(contextlib.AbstractContextManager):
+    """Stands in for EmulatedCluster: emulated, at a bandwidth, describing itself."""
+
+    def __init__(self, bandwidth_mbit):
+        self.bandwidth_mbit, self.is_emulated, self.fallback_reason = bandwidth_mbit, True, ""
+
+    def __exit__(self, *exc_info):
+        return None
+
+    def describe(self):
+        return {"bandwidth_mbit": self.bandwidth_mbit}
+
+
+LINK = CommFit(fixed_s=20 * MS, per_mbit_s=5.0)  # the fake link's M(B)
+COMPUTE_S = 0.1 / 1.1  # device time 100 ms with the 10% apply
+NOISY_COMM_S: dict[float, float] = {}  # bandwidth -> M overriding LINK (a noisy measurement)
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """Replaces the cluster and the jobs: M follows LINK at the cluster's bandwidth; the
+    crossover speed-up differs per trial (1.4, 1.6, 1.2, ...). Records every run's name."""
+    calls = []
+
+    def run_scenario(cluster, c, name, out, run_name="", jobs=("A", "B"), steps=None):
+        calls.append(run_name)
+        comm_s = NOISY_COMM_S.get(cluster.bandwidth_mbit, LINK.comm_s(cluster.bandwidth_mbit))
+        trial = int(run_name[1:].split("_")[0]) if run_name.startswith("t") else 0
+        stats = _scenario_stats(COMPUTE_S, comm_s, 1.4 + 0.2 * ((trial + 1) % 3 - 1))[name]
+        return {job: stats[job] for job in jobs}
+
+    monkeypatch.setattr(compare, "_cluster", lambda c, bandwidth: _FakeCluster(bandwidth))
+    monkeypatch.setattr(compare.scenarios, "run_scenario", run_scenario)
+    return calls
+
+
+def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, tmp_path):
+    result = compare.run(overrides={"comm_to_compute": 2.0, "trials": 3,
+                                    "out_dir": str(tmp_path)})
+    # Calibration at 100 Mbit/s (M = 70 ms), then at the guess 100 * .07 / (2 * .1) = 35.
+    assert fake_runs[:2] == ["100mbit", "35mbit"]
+    assert fake_runs[2:] == ["t0_sequential", "t0_naive", "t0_crossover",
+                             "t1_naive", "t1_crossover", "t1_sequential",
+                             "t2_crossover", "t2_sequential", "t2_naive"]
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    regime = saved["regime"]
+    assert regime["comm_to_compute_asked"] == 2.0 and regime["bandwidth_source"] == "calibrated"
+    assert regime["bandwidth_mbit"] == pytest.approx(5.0 / (2.0 * 0.1 - 0.02))
+    assert [p["bandwidth_mbit"] for p in regime["calibration"]["points"]] == [100, 35]
+    assert regime["calibration"]["fit"]["fixed_s"] == pytest.approx(0.02)
+    assert regime["achieved_comm_to_compute"]["median"] == pytest.approx(2.0)
+    assert saved["trials"] == 3
+    assert saved["ratio_spread"]["crossover_over_sequential"]["values"] == pytest.approx(
+        [1.4, 1.6, 1.2])
+    assert saved["ratios"]["crossover_over_sequential"] == pytest.approx(1.4)
+    assert saved["planner"] == saved["per_trial"][saved["representative_trial"]]["planner"]
+    assert "1.400 [1.200–1.600]" in (tmp_path / "compare.md").read_text()
+    assert (tmp_path / "compare.png").stat().st_size > 0
+    assert result["ratios"] == saved["ratios"]
+
+
+def test_noisy_calibration_adds_a_slower_point(fake_runs, monkeypatch, tmp_path):
+    # 100 Mbit/s measures 130 ms instead of 70, so it and the second point (50 Mbit/s, 120 ms)
+    # give no usable slope; a third point at 25 Mbit/s (220 ms) does, and B* lies inside.
+    monkeypatch.setitem(NOISY_COMM_S, 100.0, 0.13)
+    result = compare.run(overrides={"comm_to_compute": 2.0, "out_dir": str(tmp_path)})
+    calibrated = result["regime"]["calibration"]
+    assert [p["bandwidth_mbit"] for p in calibrated["points"]] == [100, 50, 25]
+    assert calibrated["fit"]["per_mbit_s"] > 0
+    assert 25 < result["regime"]["bandwidth_mbit"] < 100
+    assert fake_runs[3:] == ["t0_sequential", "t0_naive", "t0_crossover"]
+
+
+def test_calibration_gives_up_after_max_points(fake_runs, monkeypatch, tmp_path):
+    for bandwidth in (100.0, 50.0, 25.0, 12.5):  # M falls with the link: never a usable fit
+        monkeypatch.setitem(NOISY_COMM_S, bandwidth, bandwidth / 1000)
+    with pytest.raises(ValueError, match="not the bottleneck"):
+        compare.run(overrides={"comm_to_compute": 1.0, "out_dir": str(tmp_path)})
+    assert fake_runs == ["100mbit", "50mbit", "25mbit", "12.5mbit"]
+    saved = json.loads((tmp_path / "calibration" / "calibration.json").read_text())
+    assert len(saved["points"]) == calibration.MAX_POINTS and "fit" not in saved
+
+
+def test_unreachable_ratio_fails_after_calibration_with_its_numbers(fake_runs, tmp_path):
+    with pytest.raises(ValueError, match="smallest reachable ratio is about 0.2"):
+        compare.run(overrides={"comm_to_compute": 0.1, "out_dir": str(tmp_path)})
+    assert len(fake_runs) == 2  # two calibration runs, no comparison
+    saved = json.loads((tmp_path / "calibration" / "calibration.json").read_text())
+    assert saved["smallest_reachable_ratio"] == pytest.approx(0.2)
+
+
+def test_fixed_bandwidth_skips_calibration(fake_runs, tmp_path):
+    saved = compare.run(overrides={"bandwidth_mbit": 50.0, "out_dir": str(tmp_path)})
+    assert fake_runs == ["t0_sequential", "t0_naive", "t0_crossover"]
+    assert saved["regime"]["bandwidth_source"] == "fixed"
+    assert saved["regime"]["comm_to_compute_asked"] is None
+    assert saved["regime"]["achieved_comm_to_compute"]["median"] == pytest.approx(
+        LINK.comm_s(50.0) / 0.1)
+
+
+def test_sweep_calibrates_once_and_writes_one_table_and_plot(fake_runs, tmp_path):
+    summary = compare.run(overrides={"sweep_comm_to_compute": ["0.5", "2"], "trials": 2,
+                                     "out_dir": str(tmp_path)})
+    assert [n for n in fake_runs if n.endswith("mbit")] == ["100mbit", "50mbit"]
+    assert len(fake_runs) == 2 + 2 * 2 * 3
+    achieved = [r["achieved_comm_to_compute"]["median"] for r in summary["rows"]]
+    assert achieved == pytest.approx([0.5, 2.0])
+    for ratio in ("0.5", "2"):
+        assert (tmp_path / f"ratio_{ratio}" / "compare.json").exists()
+    table = (tmp_path / "sweep.md").read_text()
+    assert table.count("\n") == 2 + 2 and "| 0.5 | 0.50 |" in table
+    assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1][
+        "crossover_over_naive"]["analytical"] > 0
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_sweep_checks_every_ratio_before_comparing(fake_runs, tmp_path):
+    with pytest.raises(ValueError, match="0.1 is unreachable"):
+        compare.run(overrides={"sweep_comm_to_compute": ["1", "0.1"], "out_dir": str(tmp_path)})
+    assert all(n.endswith("mbit") for n in fake_runs)
+
+
+def test_calibration_refuses_an_unshaped_cluster(monkeypatch, tmp_path):
+    fallback = _FakeCluster(None)
+    fallback.is_emulated, fallback.fallback_reason = False, "not root"
+    monkeypatch.setattr(compare, "_cluster", lambda c, bandwidth: fallback)
+    with pytest.raises(RuntimeError, match=r"fell back to localhost \(not root\)"):
+        compare.run(overrides={"out_dir": str(tmp_path)})
