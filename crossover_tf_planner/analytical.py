@@ -222,3 +222,32 @@ def predict_pairs(pairs: Sequence[tuple[JobProfile, JobProfile]], *, min_gain: f
 def predict_pair(a: JobProfile, b: JobProfile, **kwargs: Any) -> PairPrediction:
     """Predicts all policies for jobs ``a`` and ``b`` (see ``predict_pairs``)."""
     return predict_pairs([(a, b)], **kwargs)[0]
+
+
+def fifo_round_s(profiles: Sequence[JobProfile]) -> float:
+    """The steady-state step of N jobs crossing in FIFO rounds on the same hosts: each job
+    computes once per round, one at a time on each device, and its allreduce overlaps the
+    others' compute. Three things bound a round, and the longest one sets it:
+
+    * the device: every job's device phase, one after another: sum of C_i;
+    * the links: the jobs share the hosts' links, so their allreduces at full bandwidth add up:
+      sum of M_i;
+    * one job's own step: it cannot compute again before its allreduce is done: max(C_i + M_i).
+
+    For N equal jobs a round is N*max(C, M), so crossing gives (C+M)/max(C, M) over running
+    them in turn for any N >= 2: a third identical job on the same links adds nothing, at any
+    M/C. N-way crossing pays for unequal jobs (a short-M job fills a long-M job's gap) or jobs
+    whose allreduces use different links. Apply and handoff time count as device time.
+    """
+    if not profiles:
+        raise ValueError("fifo_round_s needs at least one job")
+    device = [p.compute_s + p.apply_s + p.handoff_s for p in profiles]
+    comm = [p.comm_s for p in profiles]
+    own = [c + m + p.other_s for c, m, p in zip(device, comm, profiles)]
+    return max(sum(device), sum(comm), max(own))
+
+
+def fifo_speedup_over_sequential(profiles: Sequence[JobProfile]) -> float:
+    """Aggregate throughput of N crossed jobs over running them one after another."""
+    sequential = sum(p.compute_s + p.apply_s + p.comm_s + p.other_s for p in profiles)
+    return sequential / fifo_round_s(profiles)

@@ -37,6 +37,8 @@ class JobStats(json_io.JsonRecord):
     rank: int = 0
     size: int = 1
     device_key: str = ""
+    priority: str = "normal"  # lease priority class (normal, primary, secondary)
+    micro_batches: int = 1
     model: str = ""
     dataset: str = ""
     jit_compile: bool = False

@@ -26,7 +26,7 @@ from experiments import config as config_lib  # noqa: E402
 FLAG_NAMES = ["job", "group", "model", "dataset", "data_dir", "global_batch_size", "steps",
               "epochs", "warmup_steps", "learning_rate", "momentum", "jit_compile", "model_dir",
               "seed", "lease_timeout_s", "compression", "threads", "log_every", "start_barrier",
-              "memory_limit_mb"]
+              "memory_limit_mb", "priority", "micro_batches"]
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -62,6 +62,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "COUNT processes (all ranks of all jobs meant to run together) arrived.")
     define(flags.DEFINE_integer, "memory_limit_mb", 0, "GPU only: cap this job's GPU memory "
            "at this many MiB (0: memory growth, TensorFlow takes memory as it needs it).")
+    define(flags.DEFINE_enum, "priority", "normal", "Lease priority class: jobs of one class "
+           "take turns; a primary never waits behind a secondary's new work.",
+           enum_values=["normal", "primary", "secondary"])
+    define(flags.DEFINE_integer, "micro_batches", 1, "Compute each step as this many equal "
+           "micro-batches, each under its own hold (a secondary's bound on a primary's wait).")
 
 
 def validate(c: Any) -> None:
@@ -83,6 +88,10 @@ def validate(c: Any) -> None:
     config_lib.require(c.lease_timeout_s > 0, "lease_timeout_s must be positive")
     config_lib.require(c.threads >= 0, "threads must be >= 0")
     config_lib.require(c.memory_limit_mb >= 0, "memory_limit_mb must be >= 0 (0: growth)")
+    config_lib.require(c.micro_batches >= 1, "micro_batches must be >= 1")
+    config_lib.require(c.global_batch_size % c.micro_batches == 0,
+                       f"global_batch_size {c.global_batch_size} must divide into "
+                       f"micro_batches={c.micro_batches} equal micro-batches")
     config_lib.require(bool(c.job) and "/" not in c.job, f"bad job name {c.job!r}")
 
 
@@ -159,7 +168,8 @@ def _strategy(c: types.SimpleNamespace) -> Any:
     compression = hvd.Compression.fp16 if c.compression == "fp16" else hvd.Compression.none
     return crossover_tf.CrossoverStrategy(group=c.group, lease_timeout_s=c.lease_timeout_s,
                                           compression=compression,
-                                          memory_limit_mb=c.memory_limit_mb or None)
+                                          memory_limit_mb=c.memory_limit_mb or None,
+                                          priority=c.priority, micro_batches=c.micro_batches)
 
 
 def _compiled_model(c: types.SimpleNamespace, strategy: Any) -> Any:
@@ -193,7 +203,8 @@ def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
             phases[key] = float(np.median(values)) if len(values) else float("nan")
     return JobStats(
         job=c.job, group=c.group, rank=strategy.rank, size=strategy.size,
-        device_key=strategy.device_key, model=c.model, dataset=c.dataset,
+        device_key=strategy.device_key, priority=c.priority, micro_batches=c.micro_batches,
+        model=c.model, dataset=c.dataset,
         global_batch_size=c.global_batch_size, steps=len(records), timed_steps=len(timed),
         jit_compile=bool(model.jit_compile), step_time_s=float(np.median(step_times)),
         images_per_s=float(c.global_batch_size * len(timed) / step_times.sum()),

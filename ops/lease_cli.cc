@@ -147,7 +147,7 @@ int Cycles(char** argv, int argc) {
     usleep(hold_us);
     const int64_t end = MonoNs();
     lease->Release();
-    out << start << " " << end << "\n";
+    out << start << " " << end << std::endl;  // flushed: tests watch progress
   }
   printf("mode=cycles cycles=%d\n", n);
   return 0;

@@ -93,10 +93,13 @@ def main() -> None:
         keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
         with strategy.scope():
             model = build_model(args.bad_xla)
-        if args.barrier:
+        # Line the jobs up after their first step: it traces and XLA-compiles (seconds, and
+        # unequal between jobs), and a tiny job could otherwise finish before its peer starts.
+        line_up = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: (
             wait_at_barrier(args.barrier, f"{group}-{rank}-{os.getpid()}")
+            if args.barrier and batch == 0 else None))
         model.fit(strategy.distribute_dataset(global_dataset(args.steps)), epochs=1, verbose=0,
-                  callbacks=[*strategy.callbacks(), record])
+                  callbacks=[*strategy.callbacks(), record, line_up])
         result["lease_stats"] = strategy.lease_stats()
         if strategy.lease is not None:
             result["timeline"] = strategy.lease.timeline().tolist()

@@ -182,3 +182,26 @@ def test_primary_is_never_queued_behind_a_secondary(lease_group: str) -> None:
     assert result["overlaps"] == "0", result
     assert int(result["secondary_holds"]) > 100, result
     assert int(result["max_wait_us"]) < 2000 + 50_000, result  # one micro-batch + scheduling
+
+
+@pytest.mark.multiprocess
+def test_killing_one_of_three_jobs_leaves_the_others_running(tmp_path: pathlib.Path,
+                                                             lease_group: str) -> None:
+    outs = [tmp_path / f"job{j}.txt" for j in range(3)]
+    procs = [subprocess.Popen([str(CLI), "cycles", lease_group, "dev", "150", "3000", str(out),
+                               str(tmp_path / "barrier"), "3"]) for out in outs]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(out.exists() and out.read_text().count("\n") >= 5 for out in outs):
+            assert time.monotonic() < deadline, "jobs did not start cycling"
+            time.sleep(0.02)
+        procs[1].kill()  # SIGKILL, possibly while it holds the device
+        assert procs[0].wait(timeout=120) == 0 and procs[2].wait(timeout=120) == 0
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    survivors = [(int(s), int(e), j) for j in (0, 2)
+                 for s, e in (line.split() for line in outs[j].read_text().splitlines())]
+    assert len(survivors) == 2 * 150
+    _no_overlaps(survivors)

@@ -78,3 +78,27 @@ def test_recommend_threshold_and_bad_inputs():
         analytical.predict_pairs([])
     with pytest.raises(ValueError, match="shape"):
         fluid.colocated_steps_per_s(np.ones((2, 3)), np.zeros(2))
+
+
+@pytest.mark.parametrize("n_jobs", [2, 3, 4])
+@pytest.mark.parametrize("compute,comm", [(0.05, 0.02), (0.05, 0.05), (0.03, 0.06)])
+def test_fifo_round_matches_the_simulator(n_jobs, compute, comm):
+    from crossover_tf_planner.analytical import fifo_round_s, fifo_speedup_over_sequential
+    from crossover_tf_planner.simulator import SimJob, simulate
+    profiles = [JobProfile(name=f"J{i}", compute_s=compute, comm_s=comm) for i in range(n_jobs)]
+    jobs = [SimJob(p, (0, 1), "crossover", start_s=i * compute)
+            for i, p in enumerate(profiles)]
+    result = simulate(jobs, n_hosts=2, steps=60)
+    simulated_round = 1.0 / min(result.steps_per_s.values())
+    assert simulated_round == pytest.approx(fifo_round_s(profiles), rel=0.02)
+    assert fifo_speedup_over_sequential(profiles) == pytest.approx(
+        n_jobs * (compute + comm) / fifo_round_s(profiles))
+
+
+def test_fifo_round_bounds():
+    from crossover_tf_planner.analytical import fifo_round_s
+    equal = [JobProfile(name=f"J{i}", compute_s=1.0, comm_s=2.0) for i in range(3)]
+    assert fifo_round_s(equal) == pytest.approx(6.0)  # the links: 3 allreduces of 2 s
+    assert fifo_round_s(equal[:1]) == pytest.approx(3.0)  # alone: C + M
+    with pytest.raises(ValueError, match="at least one job"):
+        fifo_round_s([])
