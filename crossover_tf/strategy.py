@@ -63,12 +63,9 @@ class CrossoverStrategy:
             raise RuntimeError("crossover_tf: Horovod is not initialised; call hvd.init() first "
                                "or construct CrossoverStrategy(init_horovod=True)")
         self.group = group or ""
-        if priority not in lease_lib.PRIORITIES:
-            raise ValueError(f"crossover_tf: priority must be one of "
-                             f"{sorted(lease_lib.PRIORITIES)}, got {priority!r}")
-        if not 0 <= primary_reserve_s <= 10:
-            raise ValueError(f"crossover_tf: primary_reserve_s must be in [0, 10], got "
-                             f"{primary_reserve_s!r}")
+        # Checked here too: without a group no lease is made, but bad input is still an error.
+        lease_lib.validate_priority(priority)
+        lease_lib.validate_reserve(primary_reserve_s)
         self.compression = compression
         self.memory = devices.GpuMemoryPolicy(growth=memory_growth and memory_limit_mb is None,
                                               limit_mb=memory_limit_mb)

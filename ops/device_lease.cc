@@ -616,7 +616,9 @@ LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag, int32_t priority
   status = WaitForTurn(&locked, me, priority, deadline, timeout_s, &contended, &reentrant);
   if (!status.ok() || reentrant) return status;
   const bool handoff = !s->last_holder.empty() && !(s->last_holder == me);
-  if (s->reserved_for == me || !ReservedAgainst(me, priority)) s->reserved_for = Owner{};
+  // WaitForTurn let us in, so no reservation holds against us: ours is used up, and one
+  // left for a class no higher than ours has expired or is overtaken by this hold.
+  s->reserved_for = Owner{};
   s->holder = me;
   s->last_holder = me;
   s->held_since_wall_ns = WallNs();

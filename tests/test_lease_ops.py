@@ -121,6 +121,17 @@ class LeaseOpTest(tf.test.TestCase):
                                             timeout_seconds=bad)
         self.assertEqual(lease_lib.DeviceLease(self.group, "cpu0", 2.5e6).timeout_s, 2.5e6)
 
+    def test_bad_priority_or_reservation_rejected_clearly(self):
+        with self.assertRaisesRegex(ValueError, "priority must be one of"):
+            lease_lib.DeviceLease(self.group, "cpu0", priority="high")
+        for bad in (-1.0, float("inf"), lease_lib.MAX_RESERVE_S + 1):
+            with self.assertRaisesRegex(ValueError, "reservation must be in"):
+                lease_lib.validate_reserve(bad)
+        self.assertEqual(lease_lib.validate_reserve(lease_lib.MAX_RESERVE_S),
+                         lease_lib.MAX_RESERVE_S)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "reservation"):
+            self.lease.release(reserve_s=lease_lib.MAX_RESERVE_S + 1)  # the op's own bound
+
     def test_segment_readable_by_others_is_refused_not_deleted(self):
         path = segments.segment_path("opengrp", "cpu0")
         path.unlink(missing_ok=True)

@@ -3,10 +3,12 @@
 `loader` finds the built library, `device_lease` wraps its ops, `segments` names the shared
 memory segments (plain Python, no TensorFlow).
 """
-from crossover_tf.lease.device_lease import (MAX_TIMEOUT_S, PRIORITIES, STATS_FIELDS,
-                                             TAG_APPLY, TAG_COMPUTE, TAG_OTHER, DeviceLease,
-                                             LeaseStats, validate_timeout)
+from crossover_tf.lease.device_lease import (MAX_RESERVE_S, MAX_TIMEOUT_S, PRIORITIES,
+                                             STATS_FIELDS, TAG_APPLY, TAG_COMPUTE, TAG_OTHER,
+                                             DeviceLease, LeaseStats, validate_priority,
+                                             validate_reserve, validate_timeout)
 from crossover_tf.lease.loader import load_library
 
-__all__ = ["MAX_TIMEOUT_S", "PRIORITIES", "STATS_FIELDS", "TAG_APPLY", "TAG_COMPUTE", "TAG_OTHER",
-           "DeviceLease", "LeaseStats", "load_library", "validate_timeout"]
+__all__ = ["MAX_RESERVE_S", "MAX_TIMEOUT_S", "PRIORITIES", "STATS_FIELDS", "TAG_APPLY",
+           "TAG_COMPUTE", "TAG_OTHER", "DeviceLease", "LeaseStats", "load_library",
+           "validate_priority", "validate_reserve", "validate_timeout"]

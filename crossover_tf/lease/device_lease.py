@@ -1,6 +1,7 @@
 """DeviceLease: builds and runs the lease ops (ops/lease_ops.cc) for one (group, device)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Any
@@ -22,6 +23,25 @@ PRIORITIES = {"secondary": 0, "normal": 1, "primary": 2}
 
 # The C++ core's bound (kMaxTimeoutS): a finite timeout turns a stuck peer into an error.
 MAX_TIMEOUT_S = 30 * 24 * 3600.0
+# The C++ core's bound on a yield's reservation (kMaxReserveS).
+MAX_RESERVE_S = 10.0
+
+
+def validate_priority(priority: str) -> str:
+    """Checks a priority class name early (the op checks the number it becomes)."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"crossover lease priority must be one of {sorted(PRIORITIES)}, "
+                         f"got {priority!r}")
+    return priority
+
+
+def validate_reserve(reserve_s: float) -> float:
+    """Checks a yield's reservation early, with the same rule as the C++ side."""
+    if not (isinstance(reserve_s, (int, float)) and math.isfinite(reserve_s)
+            and 0 <= reserve_s <= MAX_RESERVE_S):
+        raise ValueError(f"crossover lease reservation must be in [0, {MAX_RESERVE_S:g}] s, "
+                         f"got {reserve_s!r}")
+    return float(reserve_s)
 
 
 def validate_timeout(timeout_s: float) -> float:
@@ -78,10 +98,7 @@ class DeviceLease:
         self.group = validate_name("group", group, segments.GROUP_MAX_LEN)
         self.device_key = validate_name("device key", device_key, segments.DEVICE_KEY_MAX_LEN)
         self.timeout_s = validate_timeout(timeout_s)
-        if priority not in PRIORITIES:
-            raise ValueError(f"crossover lease priority must be one of {sorted(PRIORITIES)}, "
-                             f"got {priority!r}")
-        self.priority = priority
+        self.priority = validate_priority(priority)
         self._ops = load_library()
 
     def __repr__(self) -> str:
@@ -97,13 +114,12 @@ class DeviceLease:
         """Yields the device. reserve_s > 0 keeps lower priority classes out for that long
         (a primary at the end of its step: a secondary must not start work it would then be
         waited for); the reserver itself comes straight back."""
-        if not tf.nest.flatten(tensors):
-            # Nothing to wait for: the host kernel, not a GPU one that would drain a stream.
-            with tf.device("/CPU:0"):
-                return self._pass_through(self._ops.crossover_yield_lease, tensors,
-                                          reserve_seconds=reserve_s)
-        return self._pass_through(self._ops.crossover_yield_lease, tensors,
-                                  reserve_seconds=reserve_s)
+        # Nothing to wait for: the host kernel, not a GPU one that would drain a stream.
+        placement = (contextlib.nullcontext() if tf.nest.flatten(tensors)
+                     else tf.device("/CPU:0"))
+        with placement:
+            return self._pass_through(self._ops.crossover_yield_lease, tensors,
+                                      reserve_seconds=reserve_s)
 
     def _pass_through(self, op: Any, tensors: Any, **attrs: Any) -> Any:
         flat = tf.nest.flatten(tensors)
