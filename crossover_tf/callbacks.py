@@ -53,11 +53,14 @@ class StepStatistics(keras.callbacks.Callback):
 
     Step time is measured between consecutive batch ends, i.e. what a user waits per step,
     including input and callback overhead. Lease numbers are this step's deltas of the
-    process's lease statistics (zero without a crossover group).
+    process's lease statistics (zero without a crossover group). `description` (e.g. the job's
+    name, lease group and priority) goes to TensorBoard's text tab once, as a table, so the
+    runs of several jobs sharing a device can be told apart.
     """
 
     def __init__(self, strategy: "CrossoverStrategy", global_batch_size: int,
-                 logdir: str | None = None, log_every: int = 1):
+                 logdir: str | None = None, log_every: int = 1,
+                 description: dict[str, str] | None = None):
         super().__init__()
         self.strategy = strategy
         self.global_batch_size = global_batch_size
@@ -68,6 +71,14 @@ class StepStatistics(keras.callbacks.Callback):
         self._last_end: float | None = None
         self._last_lease: dict[str, float] = {}
         self._step = 0
+        self.description = dict(description or {})
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self._writer is None or not self.description:
+            return
+        rows = "\n".join(f"| {key} | {value} |" for key, value in self.description.items())
+        with self._writer.as_default(step=0):
+            tf.summary.text("job", f"| setting | value |\n|---|---|\n{rows}")
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._last_end is None:

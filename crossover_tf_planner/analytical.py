@@ -21,6 +21,12 @@ full solo speed on one set of devices).
   steady state is averaged over start offsets like naive.  The lease is
   work-conserving: a job whose allreduce ends while the other job is still
   communicating takes the device again, so the faster job may do more steps.
+Those are the ``gpu`` device model's policies (device_models.py). On the ``cpu`` model (one
+time-sliced core per host) naive co-location is work-conserving: a round of one step per job
+takes ``max(D_A + D_B + X_A + X_B, M_A + M_B, D_A + M_A + O_A, D_B + M_B + O_B)`` with X the
+CPU time each allreduce takes from the core (``comm_cpu_s``); a shift cannot improve on that;
+crossover is the same round with a hand-off per turn, ``D + h`` in place of D.
+
 * crossover_alternating: the per-round formula, i.e. strict A, B alternation
   with the allreduces also taking turns on the link, one step per job per
   round; the round is the max-plus cycle time of that schedule::
@@ -43,6 +49,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from crossover_tf_planner import fluid
+from crossover_tf_planner.device_models import DeviceModel, device_model
 from crossover_tf_planner.policies import PREDICTED, recommended_policy
 from crossover_tf_planner.profile import JobProfile
 
@@ -58,6 +65,7 @@ class PairTimes:
     handoff_s: np.ndarray
     device_std_s: np.ndarray
     link_std_s: np.ndarray
+    comm_cpu_s: np.ndarray
 
     @classmethod
     def from_profiles(cls, pairs: Sequence[tuple[JobProfile, JobProfile]]) -> "PairTimes":
@@ -68,15 +76,18 @@ class PairTimes:
             return np.array([[getattr(a, attr), getattr(b, attr)] for a, b in pairs], float)
 
         return cls(column("device_s"), column("comm_s"), column("other_s"),
-                   column("handoff_s"), column("compute_std_s"), column("comm_std_s"))
+                   column("handoff_s"), column("compute_std_s"), column("comm_std_s"),
+                   column("comm_cpu_s"))
 
     @property
     def period_s(self) -> np.ndarray:
         return self.device_s + self.link_s + self.other_s
 
 
-def crossover_round_s(times: PairTimes, *, samples: int = 0, seed: int = 0) -> np.ndarray:
-    """Mean crossed-round time per pair, shape (n,); ``samples > 0`` adds variance."""
+def crossover_round_s(times: PairTimes, *, samples: int = 0, seed: int = 0,
+                      comm_cpu: bool = False) -> np.ndarray:
+    """Mean crossed-round time per pair, shape (n,); ``samples > 0`` adds variance;
+    ``comm_cpu`` puts each allreduce's CPU time on the shared device too (cpu model)."""
     device, link = times.device_s + times.handoff_s, times.link_s
     if samples > 0:
         rng = np.random.default_rng(seed)
@@ -88,8 +99,11 @@ def crossover_round_s(times: PairTimes, *, samples: int = 0, seed: int = 0) -> n
         other = times.other_s[..., None]
     else:
         other = times.other_s
+    stolen = times.comm_cpu_s.sum(axis=1) if comm_cpu else np.zeros(len(times.device_s))
+    if samples > 0:
+        stolen = stolen[:, None]
     rounds = np.maximum.reduce([
-        device[:, 0] + device[:, 1],
+        device[:, 0] + device[:, 1] + stolen,
         link[:, 0] + link[:, 1],
         device[:, 0] + link[:, 0] + other[:, 0],
         device[:, 1] + link[:, 1] + other[:, 1],
@@ -108,10 +122,17 @@ def shift_offsets_s(times: PairTimes, n_offsets: int) -> np.ndarray:
 
 
 def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
-                       device_efficiency: float = 1.0, samples: int = 0, seed: int = 0,
-                       n_events: int = 1200) -> dict[str, np.ndarray]:
+                       device_efficiency: float | None = None, samples: int = 0, seed: int = 0,
+                       n_events: int = 1200, model: str | DeviceModel = "gpu"
+                       ) -> dict[str, np.ndarray]:
     """Steps/s of each job (shape (n, 2)) under every policy in ``PREDICTED``, plus
-    the chosen shift offset (``"shift_offset_s"``, shape (n,))."""
+    the chosen shift offset (``"shift_offset_s"``, shape (n,)), on device ``model``
+    (``device_efficiency`` overrides the model's)."""
+    model = device_model(model, device_efficiency)
+    if model.naive_sharing == "work-conserving":
+        return _work_conserving_steps_per_s(times, samples=samples, seed=seed,
+                                            comm_cpu=model.comm_on_device)
+    device_efficiency = model.device_efficiency
     period = times.period_s
     offsets = shift_offsets_s(times, n_offsets)
     n, k = offsets.shape
@@ -136,6 +157,21 @@ def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
     }
 
 
+def _work_conserving_steps_per_s(times: PairTimes, *, samples: int, seed: int, comm_cpu: bool
+                                 ) -> dict[str, np.ndarray]:
+    """The policies on a time-sliced core: naive (and any shift) keep the core and links
+    busy whenever a job has work, so one round is the crossed round without hand-offs;
+    crossover adds a hand-off per turn."""
+    free = dataclasses.replace(times, handoff_s=np.zeros_like(times.handoff_s))
+    naive = 1.0 / crossover_round_s(free, samples=samples, seed=seed, comm_cpu=comm_cpu)
+    crossed = 1.0 / crossover_round_s(times, samples=samples, seed=seed, comm_cpu=comm_cpu)
+    both = np.ones((1, 2))
+    return {"sequential": 0.5 / times.period_s, "naive": naive[:, None] * both,
+            "shift": naive[:, None] * both, "crossover": crossed[:, None] * both,
+            "crossover_alternating": crossed[:, None] * both,
+            "shift_offset_s": np.zeros(len(naive))}
+
+
 def normalised_throughput(steps_per_s: np.ndarray, times: PairTimes) -> np.ndarray:
     """Sum over the pair of steps/s relative to solo steps/s, shape (n,)."""
     return (steps_per_s * times.period_s).sum(axis=1)
@@ -147,21 +183,34 @@ def hyperperiod_s(period_a: float, period_b: float, quantum_s: float = 1e-3) -> 
     return math.lcm(qa, qb) * quantum_s
 
 
-def recommend(normalised: Mapping[str, float], min_gain: float = 0.05) -> tuple[str, str]:
-    """Picks cross, shift or do-not-pair from normalised throughputs, with a reason.
+TIE = 1e-3  # crossover and shift within 0.1% of each other are a tie (model noise)
 
-    A tie goes to crossover: the lease holds its schedule by construction, while a
-    shift has to be kept in place against run-time noise.
+
+def recommend(normalised: Mapping[str, float], min_gain: float = 0.05) -> tuple[str, str]:
+    """Picks do-not-pair, naive, cross or shift from normalised throughputs, with a reason.
+
+    The simplest way wins unless a more involved one beats it by ``min_gain``: running the
+    jobs one after the other, then naive co-location (no scheduler), then the better of
+    crossover and shift (a tie between those two goes to crossover: the lease holds its
+    schedule by construction, a shift has to be kept in place against run-time noise).
+    Policies missing from ``normalised`` (a measurement without shift) are not candidates, so
+    the same rule names the measured winner of a comparison.
     """
-    best = "cross" if normalised["crossover"] >= normalised["shift"] - 1e-9 else "shift"
-    best_value = normalised[recommended_policy(best)]
-    gain = best_value / normalised["sequential"] - 1
-    if gain < min_gain:
-        return "do not pair", (f"best co-location ({best}) gains {gain:+.1%} over running "
-                               f"the jobs one after the other, below the {min_gain:.0%} bar")
-    other = "shift" if best == "cross" else "crossover"
-    margin = round(best_value / normalised[other] - 1, 4) + 0.0  # no "-0.0%"
-    return best, (f"{best} gains {gain:+.1%} over sequential and {margin:+.1%} over {other}")
+    normalised = {"sequential": 1.0, **normalised}  # one after the other is 1 by definition
+    colocated = [p for p in ("crossover", "shift") if p in normalised]
+    ladder = [("do not pair", "sequential"), ("naive", "naive")] if "naive" in normalised \
+        else [("do not pair", "sequential")]
+    if colocated:
+        best = max(colocated, key=lambda p: normalised[p] * (1 + TIE * (p == "crossover")))
+        ladder.append(("cross" if best == "crossover" else "shift", best))
+    choice, policy = ladder[0]
+    for candidate, candidate_policy in ladder[1:]:
+        if normalised[candidate_policy] >= normalised[policy] * (1 + min_gain):
+            choice, policy = candidate, candidate_policy
+    gains = ", ".join(f"{normalised[policy] / normalised[p] - 1:+.1%} over {p}"
+                      for _, p in ladder if p != policy)
+    return choice, (f"{policy} ({normalised[policy]:.3f} solo-job equivalents) gains {gains}; "
+                    f"a more involved policy must gain {min_gain:.0%} over a simpler one")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +219,7 @@ class PairPrediction:
 
     job_a: str
     job_b: str
+    device_model: str
     normalised: dict[str, float]
     images_per_s: dict[str, float]
     steps_per_s: dict[str, list[float]]
@@ -189,15 +239,18 @@ class PairPrediction:
 
 
 def predict_pairs(pairs: Sequence[tuple[JobProfile, JobProfile]], *, min_gain: float = 0.05,
-                  n_offsets: int = 8, device_efficiency: float = 1.0,
-                  samples: int = 2048, seed: int = 0) -> list[PairPrediction]:
-    """Predicts all policies for each pair (vectorised) and recommends one per pair."""
+                  n_offsets: int = 8, device_efficiency: float | None = None,
+                  samples: int = 2048, seed: int = 0, model: str | DeviceModel = "gpu"
+                  ) -> list[PairPrediction]:
+    """Predicts all policies for each pair (vectorised) on device `model` (device_models:
+    "gpu" or "cpu") and recommends one per pair."""
     for a, b in pairs:
         if a.name == b.name:
             raise ValueError(f"cannot pair job {a.name!r} with itself")
     times = PairTimes.from_profiles(pairs)
+    model = device_model(model, device_efficiency)
     steps = policy_steps_per_s(times, n_offsets=n_offsets, samples=samples, seed=seed,
-                               device_efficiency=device_efficiency)
+                               model=model)
     normalised_all = {p: normalised_throughput(steps[p], times) for p in PREDICTED}
     predictions = []
     for i, (a, b) in enumerate(pairs):
@@ -207,7 +260,7 @@ def predict_pairs(pairs: Sequence[tuple[JobProfile, JobProfile]], *, min_gain: f
         chosen = recommended_policy(choice)
         best_colocated = max(normalised["crossover"], normalised["shift"])
         predictions.append(PairPrediction(
-            job_a=a.name, job_b=b.name, normalised=normalised,
+            job_a=a.name, job_b=b.name, device_model=model.name, normalised=normalised,
             images_per_s={p: float(steps[p][i] @ images) for p in PREDICTED},
             steps_per_s={p: steps[p][i].tolist() for p in PREDICTED},
             shift_offset_s=float(steps["shift_offset_s"][i]),
@@ -224,7 +277,8 @@ def predict_pair(a: JobProfile, b: JobProfile, **kwargs: Any) -> PairPrediction:
     return predict_pairs([(a, b)], **kwargs)[0]
 
 
-def fifo_round_s(profiles: Sequence[JobProfile]) -> float:
+def fifo_round_s(profiles: Sequence[JobProfile], *, handoff: bool = True,
+                 comm_cpu: bool = False) -> float:
     """The steady-state step of N jobs crossing in FIFO rounds on the same hosts: each job
     computes once per round, one at a time on each device, and its allreduce overlaps the
     others' compute. Three things bound a round, and the longest one sets it:
@@ -238,13 +292,18 @@ def fifo_round_s(profiles: Sequence[JobProfile]) -> float:
     them in turn for any N >= 2: a third identical job on the same links adds nothing, at any
     M/C. N-way crossing pays for unequal jobs (a short-M job fills a long-M job's gap) or jobs
     whose allreduces use different links. Apply and handoff time count as device time.
+
+    ``handoff=False`` drops the hand-offs (naive co-location on a work-conserving core: the
+    same round with nobody handing over); ``comm_cpu`` adds each allreduce's CPU time to the
+    device's work (the cpu device model).
     """
     if not profiles:
         raise ValueError("fifo_round_s needs at least one job")
-    device = [p.compute_s + p.apply_s + p.handoff_s for p in profiles]
+    device = [p.compute_s + p.apply_s + (p.handoff_s if handoff else 0.0) for p in profiles]
     comm = [p.comm_s for p in profiles]
     own = [c + m + p.other_s for c, m, p in zip(device, comm, profiles)]
-    return max(sum(device), sum(comm), max(own))
+    stolen = sum(p.comm_cpu_s for p in profiles) if comm_cpu else 0.0
+    return max(sum(device) + stolen, sum(comm), max(own))
 
 
 def fifo_speedup_over_sequential(profiles: Sequence[JobProfile]) -> float:

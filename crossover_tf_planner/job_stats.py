@@ -15,6 +15,12 @@ import dataclasses
 from crossover_tf_planner import json_io
 
 
+# The tag column of lease_events_ns: crossover_tf.lease's TAG_OTHER, TAG_COMPUTE, TAG_APPLY
+# (tests check they agree; repeated here so that readers of saved stats need no TensorFlow).
+LEASE_TAGS = {0: "other", 1: "compute", 2: "apply"}
+TAG_COMPUTE = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class JobStats(json_io.JsonRecord):
     """One job's measured steps (rank 0's view; every rank computes the same record).
@@ -48,6 +54,8 @@ class JobStats(json_io.JsonRecord):
     step_end_ns: list[int] = dataclasses.field(default_factory=list)
     lease: dict[str, float] = dataclasses.field(default_factory=dict)
     phases_ns: list[list[int]] = dataclasses.field(default_factory=list)
+    # Every lease event: [request, acquired, released, tag] wall-clock ns (all micro-batches).
+    lease_events_ns: list[list[int]] = dataclasses.field(default_factory=list)
     compute_s: float | None = None  # lease held for forward + backward
     comm_s: float | None = None  # from yielding after compute to asking again (allreduce)
     wait_s: float | None = None  # queued behind the peer before the apply

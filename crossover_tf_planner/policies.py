@@ -1,7 +1,8 @@
 """The names of the ways two jobs can share devices, in one place.
 
 The analytical model, the simulator, the cluster simulation and the experiments all speak of
-these policies; a recommendation ("cross", "shift", "do not pair") names the policy to run.
+these policies; a recommendation ("cross", "shift", "naive", "do not pair") names the policy
+to run.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 POLICIES = ("sequential", "naive", "shift", "crossover")
 PREDICTED = POLICIES + ("crossover_alternating",)
 MEASURED = ("sequential", "naive", "crossover")  # what experiments/compare.py runs
-RECOMMENDED_POLICY = {"cross": "crossover", "shift": "shift", "do not pair": "sequential"}
+RECOMMENDED_POLICY = {"cross": "crossover", "shift": "shift", "naive": "naive",
+                      "do not pair": "sequential"}
 RECOMMENDATIONS = tuple(RECOMMENDED_POLICY)
 
 

@@ -9,6 +9,10 @@ A job's training step is modelled as a cycle of three phases:
 * ``other``: whatever is left of the step that uses neither (input pipeline,
   Python overhead); it is ``step - device - link`` when measured.
 
+``comm_cpu_s`` is the CPU time the allreduce itself takes per step (Gloo's reduction, the TCP
+stack, Horovod's and TensorFlow's threads): on a CPU device it competes with the other job's
+compute (device_models.CPU); ``plan.py --mode=calibrate`` measures what it takes.
+
 Everything downstream (analytical model, simulator, sweep) reads only these
 numbers, so a profile can come from a profiling run or be written by hand.
 """
@@ -25,7 +29,7 @@ from crossover_tf_planner.job_stats import JobStats
 SOURCES = ("measured", "manual", "synthetic")
 
 _TIME_FIELDS = ("compute_s", "comm_s", "compute_std_s", "comm_std_s", "apply_s",
-                "handoff_s", "other_s")
+                "handoff_s", "other_s", "comm_cpu_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +47,7 @@ class JobProfile(json_io.JsonRecord):
     apply_s: float = 0.0
     handoff_s: float = 0.0
     other_s: float = 0.0
+    comm_cpu_s: float = 0.0  # CPU seconds per step the allreduce takes (on the device core)
     images_per_step: float = 1.0
     source: str = "manual"
 
@@ -84,7 +89,7 @@ def _check_time(field: str, value: Any, name: str) -> None:
 
 
 def profile_from_train_stats(stats: JobStats, name: str | None = None, *,
-                             handoff_s: float = 0.0) -> JobProfile:
+                             handoff_s: float = 0.0, comm_cpu_s: float = 0.0) -> JobProfile:
     """Builds a profile from what ``experiments/train.py`` measured (its stats.json).
 
     Device time is the lease hold for forward/backward (``compute_s``) plus the apply
@@ -99,7 +104,7 @@ def profile_from_train_stats(stats: JobStats, name: str | None = None, *,
     apply = stats.apply_s or 0.0
     rest = stats.step_time_s - stats.compute_s - stats.comm_s - apply
     return JobProfile(name=name, compute_s=stats.compute_s, comm_s=stats.comm_s, apply_s=apply,
-                      handoff_s=handoff_s, other_s=max(0.0, rest),
+                      handoff_s=handoff_s, other_s=max(0.0, rest), comm_cpu_s=comm_cpu_s,
                       images_per_step=float(stats.global_batch_size), source="measured")
 
 

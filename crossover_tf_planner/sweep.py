@@ -106,7 +106,7 @@ def grid_pairs(cm_ratios: Sequence[float], period_ratios: Sequence[float],
     return analytical.PairTimes(device_s=period * ratio / (1 + ratio),
                                 link_s=period / (1 + ratio), other_s=zeros,
                                 handoff_s=zeros + handoff_s, device_std_s=zeros,
-                                link_std_s=zeros)
+                                link_std_s=zeros, comm_cpu_s=zeros)
 
 
 def run_sweep(cm_ratios: Sequence[float] = DEFAULT_CM_RATIOS,

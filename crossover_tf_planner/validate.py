@@ -1,8 +1,15 @@
 """Predicted vs measured: checks the analytical model and the simulator against a
 two-host comparison run (the JSON ``experiments/compare.py`` writes).
 
-Profiles come from the two solo scenarios only, so every pair scenario is a true
-prediction.  The primary metric is normalised throughput (sum over jobs of
+Profiles come from the solo scenarios only, so every pair scenario is a true
+prediction. The analytical column uses the device model of the emulated cluster
+(``cpu``: naive co-location is work-conserving, allreduces take ``comm_cpu_s`` of
+the core, from the comparison's or a given comm CPU calibration); the simulator
+column keeps the GPU-like sharing (processor sharing from random phases), so the
+table shows which model the measurement supports. Comparisons of more than two
+jobs are checked against the FIFO round (analytical.fifo_round_s).
+
+The primary metric is normalised throughput (sum over jobs of
 images/s in the scenario / images/s solo): it does not depend on how a
 scenario splits time between the jobs.  Ratios of aggregate images/s are
 reported too.  Error = (predicted - measured) / measured, in %.
@@ -15,7 +22,8 @@ import json
 import os
 from typing import Any, Mapping
 
-from crossover_tf_planner.analytical import predict_pair
+from crossover_tf_planner.analytical import fifo_round_s, predict_pair, recommend
+from crossover_tf_planner.comm_cost import CommCpu
 from crossover_tf_planner.policies import MEASURED
 from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.profile import JobProfile, profile_from_train_stats
@@ -33,10 +41,23 @@ def load_comparison(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> dict
     scenarios = data.get("scenarios")
     if not isinstance(scenarios, Mapping):
         raise ValueError("comparison JSON lacks a 'scenarios' object")
-    for solo in ("solo_A", "solo_B"):
-        if solo not in scenarios:
-            raise ValueError(f"comparison JSON lacks scenario {solo!r} (profiles come from it)")
+    solos = [name for name in scenarios if name.startswith("solo_")]
+    if len(solos) < 2:
+        raise ValueError(f"comparison JSON has solo scenarios {solos}; the profiles come from "
+                         "at least two (solo_A, solo_B, ...)")
     return data
+
+
+def wire_megabytes(data: Mapping[str, Any], stats: JobStats) -> float:
+    """MB a step's allreduce puts on the link: the calibration fit's bytes when the comparison
+    calibrated its link (M = m0 + k/B, k Mbit), else M times the fixed bandwidth (an upper
+    bound), else 0 (an unshaped link: nothing to go on)."""
+    regime = data.get("regime") or {}
+    fit = (regime.get("calibration") or {}).get("fit")
+    if fit:
+        return float(fit["per_mbit_s"]) / 8
+    bandwidth = regime.get("bandwidth_mbit") or data.get("settings", {}).get("bandwidth_mbit")
+    return float(bandwidth) * (stats.comm_s or 0.0) / 8 if bandwidth else 0.0
 
 
 def _solo_job(data: Mapping[str, Any], scenario: str) -> tuple[str, JobStats]:
@@ -47,23 +68,32 @@ def _solo_job(data: Mapping[str, Any], scenario: str) -> tuple[str, JobStats]:
     return name, JobStats.from_dict(job)
 
 
-def profiles_from_comparison(data: Mapping[str, Any]) -> tuple[JobProfile, JobProfile]:
-    """Job profiles from the solo scenarios (hand-off cost from settings.handoff_s).
+def profiles_from_comparison(data: Mapping[str, Any],
+                             comm_cpu: CommCpu | Mapping[str, Any] | None = None
+                             ) -> tuple[JobProfile, ...]:
+    """Job profiles from the solo scenarios, in job order (hand-off cost from
+    settings.handoff_s; each allreduce's CPU cost from `comm_cpu`, else the comparison's own
+    regime.comm_cpu, else 0).
 
     Images per step are the measured rate times the median step, so that a profile's solo
     rate is exactly the measured one that measured_normalised divides by.
     """
     handoff = float(data.get("settings", {}).get("handoff_s", 0.0))
+    comm_cpu = comm_cpu if comm_cpu is not None else (data.get("regime") or {}).get("comm_cpu")
+    if comm_cpu is not None and not isinstance(comm_cpu, CommCpu):
+        comm_cpu = CommCpu.from_dict(comm_cpu)
     profiles = []
-    for scenario in ("solo_A", "solo_B"):
+    for scenario in sorted(n for n in data["scenarios"] if n.startswith("solo_")):
         name, stats = _solo_job(data, scenario)
+        cpu_s = (comm_cpu.comm_cpu_s(stats.comm_s or 0.0, wire_megabytes(data, stats))
+                 if comm_cpu is not None else 0.0)
         profiles.append(dataclasses.replace(
-            profile_from_train_stats(stats, name, handoff_s=handoff),
+            profile_from_train_stats(stats, name, handoff_s=handoff, comm_cpu_s=cpu_s),
             images_per_step=stats.images_per_s * stats.step_time_s))
-    return profiles[0], profiles[1]
+    return tuple(profiles)
 
 
-def measured_normalised(data: Mapping[str, Any], profiles: tuple[JobProfile, JobProfile]
+def measured_normalised(data: Mapping[str, Any], profiles: tuple[JobProfile, ...]
                         ) -> dict[str, float]:
     """Normalised throughput of each measured pair scenario that has both jobs.
 
@@ -100,35 +130,71 @@ def _ratio_table(predicted: Mapping[str, Mapping[str, float]], measured: Mapping
 
 
 def validate_comparison(data_or_path: str | os.PathLike | Mapping[str, Any], *,
-                        sim_steps: int = 120, seed: int = 0) -> dict[str, Any]:
-    """Predicted vs measured ratios (analytical and 2-host simulator) with % errors."""
+                        sim_steps: int = 120, seed: int = 0, model: str = "cpu",
+                        comm_cpu: CommCpu | Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Predicted vs measured ratios (analytical on device `model`, and the 2-host simulator)
+    with % errors, and the recommendation against the measured winner (the same rule applied
+    to the measured throughputs)."""
     data = load_comparison(data_or_path)
-    a, b = profiles_from_comparison(data)
-    prediction = predict_pair(a, b)
+    profiles = profiles_from_comparison(data, comm_cpu)
+    measured = measured_normalised(data, profiles)
+    measured_agg = {k: float(data["scenarios"][k]["aggregate_images_per_s"])
+                    for k in MEASURED
+                    if "aggregate_images_per_s" in data["scenarios"].get(k, {})}
+    if len(profiles) != 2:
+        return _validate_fifo(profiles, measured, measured_agg)
+    a, b = profiles
+    prediction = predict_pair(a, b, model=model)
     simulated = {policy: simulate([SimJob(a, (0, 1), policy), SimJob(b, (0, 1), policy)],
                                   n_hosts=2, steps=sim_steps, seed=seed)
                  for policy in MEASURED}
     predicted_norm = {"analytical": prediction.normalised,
                       "simulated": {k: sum(r.normalised.values()) for k, r in simulated.items()}}
-    measured_agg = {k: float(data["scenarios"][k]["aggregate_images_per_s"])
-                    for k in MEASURED
-                    if "aggregate_images_per_s" in data["scenarios"].get(k, {})}
     predicted_agg = {"analytical": prediction.images_per_s,
                      "simulated": {k: r.images_per_s for k, r in simulated.items()}}
     return {
-        "profiles": [a.to_dict(), b.to_dict()],
-        "normalised_ratios": _ratio_table(predicted_norm, measured_normalised(data, (a, b))),
+        "device_model": prediction.device_model,
+        "profiles": [p.to_dict() for p in profiles],
+        "normalised_ratios": _ratio_table(predicted_norm, measured),
         "aggregate_images_ratios": _ratio_table(predicted_agg, measured_agg),
+        "recommendation": {"predicted": prediction.recommendation,
+                           "measured_winner": recommend(measured)[0]},
         "prediction": prediction.to_dict(),
     }
 
 
+def _validate_fifo(profiles: tuple[JobProfile, ...], measured: Mapping[str, float],
+                   measured_agg: Mapping[str, float]) -> dict[str, Any]:
+    """N > 2 jobs (equal batches, as compare.py runs them): crossover as FIFO rounds with a
+    hand-off per turn, naive as the same round without them (the cpu model), sequential as
+    one job after another; one step per job per round."""
+    sequential_round = sum(p.period_s for p in profiles)
+    rounds = {"sequential": sequential_round,
+              "naive": fifo_round_s(profiles, handoff=False, comm_cpu=True),
+              "crossover": fifo_round_s(profiles, comm_cpu=True)}
+    predicted = {"analytical": {k: sequential_round / r for k, r in rounds.items()}}
+    return {"device_model": "cpu", "profiles": [p.to_dict() for p in profiles],
+            "normalised_ratios": _ratio_table(predicted, measured),
+            "aggregate_images_ratios": _ratio_table(predicted, measured_agg),
+            "recommendation": {"predicted": recommend(predicted["analytical"])[0],
+                               "measured_winner": recommend(measured)[0]},
+            "rounds_s": rounds}
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
-    lines = ["| metric | ratio | measured | analytical (err %) | simulated (err %) |",
-             "|---|---|---|---|---|"]
+    model = report.get("device_model", "cpu")
+    lines = [f"| metric | ratio | measured | analytical, {model} model (err %) | "
+             "simulated, gpu-like (err %) |", "|---|---|---|---|---|"]
+
+    def cell(row: Mapping[str, float], key: str) -> str:
+        return f"{row[key]:.3f} ({row[key + '_error_pct']:+.1f})" if key in row else "—"
+
     for metric in ("normalised_ratios", "aggregate_images_ratios"):
         for ratio, row in report[metric].items():
             lines.append(f"| {metric.split('_')[0]} | {ratio} | {row['measured']:.3f} | "
-                         f"{row['analytical']:.3f} ({row['analytical_error_pct']:+.1f}) | "
-                         f"{row['simulated']:.3f} ({row['simulated_error_pct']:+.1f}) |")
+                         f"{cell(row, 'analytical')} | {cell(row, 'simulated')} |")
+    if "recommendation" in report:
+        r = report["recommendation"]
+        lines.append(f"\nRecommended: **{r['predicted']}**; measured winner: "
+                     f"**{r['measured_winner']}**.")
     return "\n".join(lines)

@@ -4,13 +4,19 @@
   python -m experiments.compare --comm_to_compute=2 --trials=3
   python -m experiments.compare --sweep_comm_to_compute=0.5,1,2 --trials=3
   python -m experiments.compare --bandwidth_mbit=100 --model=resnet20   # fixed link, no calibration
+  python -m experiments.compare --jobs=3 --comm_to_compute=2 --trials=3  # three jobs crossing
+  python -m experiments.compare --scenarios=sequential,naive,priority    # primary + secondary
 
-Two identical-shaped jobs A and B (one rank per emulated host each) are run with the same
-model, data and settings as:
-  sequential  A, then B (each alone: these runs are also the solo profiles, measured with a
-              lease that nobody contends, which records each step's compute C and allreduce M)
-  naive       A and B at the same time, no lease (device and link simply shared)
-  crossover   A and B at the same time, sharing a device lease per host
+--jobs identical-shaped jobs A, B, ... (2 by default, up to 4; one rank per emulated host each)
+are run with the same model, data and settings as:
+  sequential  one job after another (each alone: these runs are also the solo profiles,
+              measured with a lease nobody contends, which records each step's compute C and
+              allreduce M)
+  naive       all jobs at the same time, no lease (device and link simply shared)
+  crossover   all jobs at the same time, sharing a device lease per host (FIFO turns)
+  priority    (opt-in, 2 jobs) A as the primary, B as a secondary computing in
+              --secondary_micro_batches micro-batches, sharing the lease: A's throughput
+              against solo, B's against naive, A's worst wait against B's micro-batch
 
 Regime: crossing pays according to M/C, and C depends on the machine. Unless --bandwidth_mbit
 fixes the link, two short solo runs at two bandwidths fit M(B) = m0 + k/B (calibration.py) and
@@ -41,8 +47,9 @@ from experiments import config as config_lib
 FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", "learning_rate",
               "jit_compile", "bandwidth_mbit", "latency_ms", "num_hosts", "out_dir",
               "timeout_s", "force_localhost", "scenarios", "comm_to_compute", "trials",
-              "sweep_comm_to_compute", "calibration_mbit", "calibration_timed_steps"]
-SCENARIOS = MEASURED
+              "sweep_comm_to_compute", "calibration_mbit", "calibration_timed_steps", "jobs",
+              "secondary_micro_batches", "comm_cpu_probe", "horovod_timeline"]
+SCENARIOS = (*MEASURED, "priority")
 MAX_TRIALS = 20
 MAX_SWEEP_POINTS = 8
 
@@ -62,8 +69,19 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define = config_lib.flag_definer(flag_values)
     define(flags.DEFINE_string, "out_dir", "runs/compare",
            "Where results and TensorBoard logs go.")
-    define(flags.DEFINE_list, "scenarios", list(SCENARIOS),
-           "Scenarios to run (sequential is needed: it provides the solo profiles).")
+    define(flags.DEFINE_list, "scenarios", list(MEASURED),
+           f"Scenarios to run, of {', '.join(SCENARIOS)} (sequential is needed: it provides "
+           "the solo profiles).")
+    define(flags.DEFINE_integer, "jobs", 2,
+           f"Jobs sharing the hosts (2..{len(scenarios.JOB_NAMES)}), named A, B, ...")
+    define(flags.DEFINE_integer, "secondary_micro_batches", 4,
+           "Priority scenario: micro-batches per step of the secondary job (B).")
+    define(flags.DEFINE_boolean, "horovod_timeline", False,
+           "Write every job's Horovod timeline (rank 0) next to its stats.json; attribution.md "
+           "then splits each allreduce into waiting for the other ranks and the transfer.")
+    define(flags.DEFINE_boolean, "comm_cpu_probe", True,
+           "Measure what an allreduce costs the shared CPU core (about 30 s, comm_cpu.py) "
+           "for the planner's prediction.")
     define(flags.DEFINE_float, "comm_to_compute", 1.0,
            "Asked-for M/C (allreduce over device time per step); the link bandwidth is "
            "calibrated to give it unless --bandwidth_mbit is set.")
@@ -99,6 +117,15 @@ def validate(c: Any) -> None:
     config_lib.require(not unknown, f"unknown scenarios {unknown}; choose from {SCENARIOS}")
     config_lib.require("sequential" in c.scenarios,
                        "the sequential scenario is required (it gives the solo profiles)")
+    config_lib.require(2 <= c.jobs <= len(scenarios.JOB_NAMES),
+                       f"jobs must be in 2..{len(scenarios.JOB_NAMES)}, got {c.jobs}")
+    config_lib.require("priority" not in c.scenarios or c.jobs == 2,
+                       "the priority scenario runs one primary and one secondary: --jobs=2")
+    config_lib.require(c.secondary_micro_batches >= 1
+                       and (c.global_batch_size // c.num_hosts) % c.secondary_micro_batches == 0,
+                       f"secondary_micro_batches must divide each rank's batch "
+                       f"({c.global_batch_size // max(c.num_hosts, 1)}), got "
+                       f"{c.secondary_micro_batches}")
     config_lib.require(1 <= c.trials <= MAX_TRIALS,
                        f"trials must be in 1..{MAX_TRIALS}, got {c.trials}")
     config_lib.require(math.isfinite(c.comm_to_compute) and c.comm_to_compute > 0,
@@ -112,9 +139,10 @@ def validate(c: Any) -> None:
     config_lib.require(not ratios or c.bandwidth_mbit is None,
                        "sweep_comm_to_compute calibrates the bandwidth per ratio; drop "
                        "--bandwidth_mbit")
-    config_lib.require(not ratios or {"naive", "crossover"} <= set(c.scenarios),
-                       "sweep_comm_to_compute compares crossover with naive and sequential: "
-                       "run all scenarios")
+    config_lib.require(not ratios or (
+        {"naive", "crossover"} <= set(c.scenarios) and c.jobs == 2),
+                       "sweep_comm_to_compute compares a crossover pair with naive and "
+                       "sequential: run those scenarios with --jobs=2")
     config_lib.require(c.bandwidth_mbit is not None or not c.force_localhost,
                        "calibration needs shaped links; force_localhost has none, so set "
                        "--bandwidth_mbit (it is then not applied) or drop force_localhost")
@@ -128,35 +156,43 @@ def validate(c: Any) -> None:
 
 def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
               settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Scenario table, ratios and the ideal ratio from the per-job stats of each scenario."""
+    """Scenario table, ratios and the ideal ratio from the per-job stats of each scenario; a
+    ratio is there only when both of its scenarios ran."""
     seq = stats["sequential"]
-    scenarios: dict[str, Any] = {
+    table: dict[str, Any] = {
         f"solo_{job}": {"jobs": {job: s.to_dict()}, "aggregate_images_per_s": s.images_per_s,
                         "per_job_in_aggregate": {job: s.images_per_s}}
         for job, s in seq.items()}
     sequential = throughput.sequential_aggregate(seq)
     total_images = sum(s.timed_images for s in seq.values())
-    scenarios["sequential"] = {
+    table["sequential"] = {
         "jobs": {job: s.to_dict() for job, s in seq.items()},
         "aggregate_images_per_s": sequential,
         "per_job_in_aggregate": {job: sequential * s.timed_images / total_images
                                  for job, s in seq.items()}}
-    for name in ("naive", "crossover"):
+    for name in scenarios.CONCURRENT:
         if name in stats:
             aggregate, per_job, window = throughput.concurrent_aggregate(stats[name], warmup_steps)
-            scenarios[name] = {"jobs": {j: s.to_dict() for j, s in stats[name].items()},
-                               "aggregate_images_per_s": aggregate,
-                               "per_job_in_aggregate": per_job, "window_s": window}
-    agg = {n: s["aggregate_images_per_s"] for n, s in scenarios.items()}
-    ideal = throughput.ideal_crossover_ratio(seq["A"], seq["B"])
-    ratios = {"crossover_over_sequential": agg.get("crossover", float("nan")) / agg["sequential"],
-              "crossover_over_naive": (agg.get("crossover", float("nan"))
-                                       / agg.get("naive", float("nan"))),
-              "naive_over_sequential": agg.get("naive", float("nan")) / agg["sequential"],
-              "ideal_crossover_over_sequential": ideal}
-    ratios["measured_over_ideal"] = ratios["crossover_over_sequential"] / ideal
-    return {"settings": dict(settings), "scenarios": scenarios, "ratios": ratios}
-
+            table[name] = {"jobs": {j: s.to_dict() for j, s in stats[name].items()},
+                           "aggregate_images_per_s": aggregate,
+                           "per_job_in_aggregate": per_job, "window_s": window}
+    agg = {n: s["aggregate_images_per_s"] for n, s in table.items()}
+    ratios = {f"{top}_over_{bottom}": agg[top] / agg[bottom]
+              for top, bottom in (("crossover", "sequential"), ("crossover", "naive"),
+                                  ("naive", "sequential"))
+              if top in agg and bottom in agg}
+    ratios["ideal_crossover_over_sequential"] = throughput.ideal_crossover_ratio(
+        list(seq.values()))
+    if "crossover_over_sequential" in ratios:
+        ratios["measured_over_ideal"] = (ratios["crossover_over_sequential"]
+                                         / ratios["ideal_crossover_over_sequential"])
+    if "priority" in stats:
+        from experiments import priority_metrics
+        naive = table.get("naive", {}).get("per_job_in_aggregate")
+        ratios.update(priority_metrics.priority_ratios(
+            stats["priority"], seq, table["priority"]["per_job_in_aggregate"], naive,
+            warmup_steps))
+    return {"settings": dict(settings), "scenarios": table, "ratios": ratios}
 
 
 def _cluster(c: Any, bandwidth_mbit: float | None) -> Any:
@@ -212,7 +248,8 @@ def _run_trials(c: Any, out: pathlib.Path, bandwidth: float | None
     with _cluster(c, bandwidth) as cluster:
         cluster_info = cluster.describe()
         for trial in range(c.trials):
-            stats.append({name: scenarios.run_scenario(cluster, c, name, out, f"t{trial}_{name}")
+            stats.append({name: scenarios.run_scenario(cluster, c, name, out, f"t{trial}_{name}",
+                                                       jobs=scenarios.job_names(c.jobs))
                           for name in trials.trial_order(order, trial)})
     return stats, cluster_info
 
@@ -224,25 +261,30 @@ def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None,
     stats, cluster_info = _run_trials(c, out, bandwidth)
     per_trial = []
     for trial, trial_stats in enumerate(stats):
-        summary = summarise(trial_stats, c.warmup_steps,
-                            {"trial": trial, "order": list(trial_stats)})
-        _attach_planner_validation(summary)
-        per_trial.append(summary)
+        per_trial.append(summarise(trial_stats, c.warmup_steps,
+                                   {"trial": trial, "order": list(trial_stats)}))
     result = trials.combine(per_trial)
     result["settings"] = {**vars(c), "bandwidth_mbit": bandwidth, "cluster": cluster_info}
     result["regime"] = {**regime, "bandwidth_mbit": bandwidth,
                         "achieved_comm_to_compute": trials.spread(
                             [trials.comm_to_compute(t) for t in per_trial])}
-    if "planner" in per_trial[result["representative_trial"]]:
-        result["planner"] = per_trial[result["representative_trial"]]["planner"]
+    plan_trials(result)
     (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
     table = report.markdown(result)
     (out / "compare.md").write_text(table)
-    crossover = stats[result["representative_trial"]].get("crossover")
-    if crossover:
-        import numpy as np
-        phases = {job: np.asarray(s.phases_ns) for job, s in crossover.items()}
-        report.plot(result, phases, str(out / "compare.png"))
+    if "crossover" in result["scenarios"] and c.jobs == 2:
+        from experiments import attribute
+        try:
+            attribution = attribute.from_comparison(result, out_dir=out)
+        except ValueError as err:  # e.g. the jobs did not overlap for a whole step
+            logging.warning("no attribution of the crossed round: %s", err)
+        else:
+            config_lib.write_results(out, "attribution", attribution,
+                                     attribute.markdown(attribution))
+    shown = stats[result["representative_trial"]]
+    leased = shown.get("crossover") or shown.get("priority")
+    if leased:
+        report.plot(result, leased, str(out / "compare.png"))
     print(table)
     print(f"results: {out / 'compare.json'}, {out / 'compare.md'}, {out / 'compare.png'}; "
           f"tensorboard --logdir {out / 'tensorboard'}")
@@ -258,22 +300,27 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     if sweep_ratios(c):
         return run_sweep(c, out, sweep_ratios(c))
     if c.bandwidth_mbit is not None:
-        regime = {"comm_to_compute_asked": None, "bandwidth_source": "fixed", "calibration": None}
+        regime = {"comm_to_compute_asked": None, "bandwidth_source": "fixed", "calibration": None,
+                  "comm_cpu": measure_comm_cpu(c, out, c.bandwidth_mbit, None)}
         return compare_at(c, out, c.bandwidth_mbit, regime)
     bandwidths, record = calibrate(c, out, [c.comm_to_compute])
+    bandwidth = bandwidths[c.comm_to_compute]
     regime = {"comm_to_compute_asked": c.comm_to_compute, "bandwidth_source": "calibrated",
-              "calibration": record}
-    return compare_at(c, out, bandwidths[c.comm_to_compute], regime)
+              "calibration": record, "comm_cpu": measure_comm_cpu(c, out, bandwidth, record)}
+    return compare_at(c, out, bandwidth, regime)
 
 
 def run_sweep(c: Any, out: pathlib.Path, ratios: Sequence[float]) -> dict[str, Any]:
     """One calibration (every ratio checked reachable before any comparison), then the
     comparison at each ratio in <out>/ratio_<r>; writes sweep.{json,md,png}."""
     bandwidths, record = calibrate(c, out, ratios)
+    # One probe at the middle bandwidth: its coefficients are per second and per MB.
+    middle = sorted(bandwidths.values())[len(bandwidths) // 2]
+    cpu_cost = measure_comm_cpu(c, out, middle, record)
     rows = []
     for ratio in ratios:
         regime = {"comm_to_compute_asked": ratio, "bandwidth_source": "calibrated",
-                  "calibration": record}
+                  "calibration": record, "comm_cpu": cpu_cost}
         result = compare_at(c, out / f"ratio_{ratio:g}", bandwidths[ratio], regime)
         rows.append(sweep.row(result))
     summary = {"calibration": record, "rows": rows}
@@ -286,15 +333,49 @@ def run_sweep(c: Any, out: pathlib.Path, ratios: Sequence[float]) -> dict[str, A
     return summary
 
 
-def _attach_planner_validation(result: dict[str, Any]) -> None:
-    """The planner's predictions for this pair, from the solo profiles only, with % errors."""
+def plan_trials(result: dict[str, Any]) -> None:
+    """(Re)computes the planner's predictions for every trial of a comparison result, from
+    its solo profiles and regime (link calibration, comm CPU cost) only; result["planner"] is
+    the representative trial's. Run again on a saved compare.json by experiments/replan.py."""
+    for trial in result["per_trial"]:
+        _attach_planner_validation(trial, result.get("regime"))
+    chosen = result["per_trial"][result["representative_trial"]]
+    if "planner" in chosen:
+        result["planner"] = chosen["planner"]
+
+
+def _attach_planner_validation(result: dict[str, Any],
+                               regime: Mapping[str, Any] | None = None) -> None:
+    """The planner's predictions for these jobs, from the solo profiles only, with % errors."""
     if not {"naive", "crossover"} <= set(result["scenarios"]):
         return
     from crossover_tf_planner import validate as planner_validate
     try:
-        result["planner"] = planner_validate.validate_comparison(result)
+        result["planner"] = planner_validate.validate_comparison(
+            {**result, "regime": regime or result.get("regime")})
     except ValueError as err:  # e.g. a scenario the planner cannot model
         logging.warning("planner validation skipped: %s", err)
+
+
+def measure_comm_cpu(c: Any, out: pathlib.Path, bandwidth: float | None,
+                     calibration: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What an allreduce costs the shared core (comm_cpu.py), at the comparison's bandwidth
+    and, when the link was calibrated, the job's own allreduce size; None when switched off or
+    the link is not shaped (nothing comparable to measure)."""
+    if not c.comm_cpu_probe or bandwidth is None or c.force_localhost:
+        return None
+    from experiments import comm_cpu
+    fit = (calibration or {}).get("fit")
+    megabytes = fit["per_mbit_s"] / 8 if fit else comm_cpu.DEFAULT_MB
+    try:
+        measured = comm_cpu.measure(bandwidth, megabytes=megabytes, num_hosts=c.num_hosts,
+                                    log_dir=str(out / "logs" / "comm_cpu"))
+    except comm_cpu.NotShaped as err:
+        logging.warning("comm CPU cost not measured (the planner assumes 0): %s", err)
+        return None
+    logging.info("comm CPU: %.3f CPU s per s waiting, %.2f CPU ms per MB",
+                 measured.cpu_per_wait_s, 1e3 * measured.cpu_s_per_mb)
+    return measured.to_dict()
 
 
 main = config_lib.script_main(run)

@@ -5,6 +5,8 @@ command line, so values must be validated here too, not only by absl's flag vali
 """
 from __future__ import annotations
 
+import json
+import os
 import types
 from typing import Any, Callable, Mapping
 
@@ -67,3 +69,14 @@ def script_main(run: Callable[[], Any]) -> Callable[[list[str]], None]:
         run()
 
     return main
+
+
+def write_results(out_dir: str | os.PathLike, stem: str, data: Any, table: str) -> None:
+    """Saves a script's result as <out_dir>/<stem>.json and its table as <stem>.md, and
+    prints the table (what every experiment script leaves behind)."""
+    out = os.fspath(out_dir)
+    with open(os.path.join(out, f"{stem}.json"), "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, default=str)
+    with open(os.path.join(out, f"{stem}.md"), "w", encoding="utf-8") as handle:
+        handle.write(table)
+    print(table)

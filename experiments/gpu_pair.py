@@ -10,7 +10,6 @@ On a CPU machine the same runs use the CPU as the device (useful to test this sc
 """
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import shutil
@@ -137,10 +136,7 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
         stats[name] = _run_scenario(c, name, out)
     summary = summarise(stats, c.warmup_steps)
     summary["settings"] = {name: getattr(c, name) for name in FLAG_NAMES}
-    (out / "gpu_pair.json").write_text(json.dumps(summary, indent=2))
-    table = markdown(summary)
-    (out / "gpu_pair.md").write_text(table)
-    print(table)
+    config_lib.write_results(out, "gpu_pair", summary, markdown(summary))
     return summary
 
 

@@ -10,7 +10,13 @@ Modes (``--mode``):
 * ``sweep``: grid of C/M and period ratios -> where shift vs crossover helps
   (JSON, markdown table, PNG heat map);
 * ``validate``: a ``--comparison`` JSON from experiments/compare.py -> predicted
-  vs measured ratios with % errors.
+  vs measured ratios with % errors (``--comm_cpu`` adds a calibrate.json's CPU cost);
+* ``calibrate``: about a minute on the emulated cluster (root) measuring what an allreduce
+  costs the CPU core it shares with another job's compute (experiments/comm_cpu.py).
+
+``--device_model`` says how jobs share a device without a scheduler (device_models.py):
+``gpu`` (time-sliced contexts, random phases) for recommend and pair, ``cpu`` (one
+time-sliced core: naive co-location is work-conserving) for comparisons on the emulated cluster.
 
 Everything lands in ``--out_dir`` as ``<mode>.json`` and ``<mode>.md``.
 """
@@ -24,9 +30,10 @@ from typing import Any, Mapping
 from absl import app, flags
 
 from crossover_tf_planner import analytical, cluster_sim, pairing, profile, sweep, validate
+from crossover_tf_planner.device_models import DEVICE_MODELS
 from experiments import config as config_lib
 
-MODES = ("recommend", "pair", "simulate", "sweep", "validate")
+MODES = ("recommend", "pair", "simulate", "sweep", "validate", "calibrate")
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -50,11 +57,20 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "Sweep: period ratios T_B/T_A.")
     define(flags.DEFINE_float, "threshold", 0.05, "Sweep: gain over naive that counts as help.")
     define(flags.DEFINE_float, "handoff_s", 2e-4, "Sweep: lease hand-off cost (s).")
+    define(flags.DEFINE_enum, "device_model", "gpu", "How jobs share a device without a "
+           "scheduler (recommend, pair; validate always models the emulated cluster's cpu).",
+           enum_values=sorted(DEVICE_MODELS))
+    define(flags.DEFINE_string, "comm_cpu", None,
+           "validate: a calibrate.json whose allreduce CPU cost the cpu model charges.")
+    define(flags.DEFINE_float, "calibrate_mbit", 20.0, "calibrate: link bandwidth (Mbit/s).")
+    define(flags.DEFINE_float, "calibrate_mb", 4.0, "calibrate: MB per allreduce.")
+    define(flags.DEFINE_float, "calibrate_seconds", 10.0, "calibrate: timed allreduces (s).")
 
 
 FLAG_NAMES = ["mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
               "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
-              "threshold", "handoff_s"]
+              "threshold", "handoff_s", "device_model", "comm_cpu", "calibrate_mbit",
+              "calibrate_mb", "calibrate_seconds"]
 
 
 def _check_settings(c: Any) -> None:
@@ -79,7 +95,8 @@ def _recommend(s: Mapping[str, Any]) -> tuple[dict, str]:
     if len(profiles) != 2:
         raise ValueError("recommend takes exactly two --profiles (use --mode=pair for more)")
     prediction = analytical.predict_pair(*profiles, min_gain=s["min_gain"],
-                                         device_efficiency=s["device_efficiency"])
+                                         device_efficiency=s["device_efficiency"],
+                                         model=s["device_model"])
     rows = "\n".join(f"| {p} | {v:.3f} | {prediction.images_per_s[p]:.1f} |"
                      for p, v in prediction.normalised.items())
     text = (f"**{prediction.recommendation}** for {prediction.job_a} + {prediction.job_b}: "
@@ -90,7 +107,8 @@ def _recommend(s: Mapping[str, Any]) -> tuple[dict, str]:
 
 def _pair(s: Mapping[str, Any]) -> tuple[dict, str]:
     plan = pairing.plan_pairs(_profiles(s, 1), min_gain=s["min_gain"],
-                              device_efficiency=s["device_efficiency"])
+                              device_efficiency=s["device_efficiency"],
+                              model=s["device_model"])
     return plan.to_dict(), plan.to_markdown()
 
 
@@ -112,12 +130,30 @@ def _sweep(s: Mapping[str, Any]) -> tuple[dict, str]:
 def _validate(s: Mapping[str, Any]) -> tuple[dict, str]:
     if not s["comparison"]:
         raise ValueError("validate mode needs --comparison=<compare.py JSON>")
-    report = validate.validate_comparison(s["comparison"], seed=s["seed"])
+    comm_cpu = None
+    if s["comm_cpu"]:
+        with open(s["comm_cpu"], encoding="utf-8") as handle:
+            comm_cpu = json.load(handle)
+    report = validate.validate_comparison(s["comparison"], seed=s["seed"], comm_cpu=comm_cpu)
     return report, validate.to_markdown(report)
 
 
+def _calibrate(s: Mapping[str, Any]) -> tuple[dict, str]:
+    from experiments import comm_cpu
+    measured = comm_cpu.measure(s["calibrate_mbit"], megabytes=s["calibrate_mb"],
+                                seconds=s["calibrate_seconds"],
+                                log_dir=os.path.join(s["out_dir"], "comm_cpu_logs"))
+    probe = measured.probe
+    text = (f"An allreduce costs its core {measured.cpu_per_wait_s:.3f} CPU s per s of waiting "
+            f"and {1e3 * measured.cpu_s_per_mb:.2f} CPU ms per MB moved ({probe['allreduces']} "
+            f"allreduces of {probe['megabytes']:.2f} MB at {s['calibrate_mbit']:g} Mbit/s: "
+            f"{1e3 * probe['wall_s_per_allreduce']:.1f} ms and "
+            f"{1e3 * probe['cpu_s_per_allreduce']:.1f} CPU ms each).")
+    return measured.to_dict(), text
+
+
 _HANDLERS = {"recommend": _recommend, "pair": _pair, "simulate": _simulate,
-             "sweep": _sweep, "validate": _validate}
+             "sweep": _sweep, "validate": _validate, "calibrate": _calibrate}
 
 
 def run(flag_values: Any = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

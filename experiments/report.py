@@ -9,13 +9,32 @@ from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.policies import MEASURED
 from experiments import trials
 
-SCENARIO_ORDER = ("solo_A", "solo_B", *MEASURED)
-
+CONCURRENT_ORDER = (*MEASURED[1:], "priority")
 
 RATIO_ROWS = (("crossover_over_sequential", "crossover / sequential"),
               ("crossover_over_naive", "crossover / naive"),
               ("ideal_crossover_over_sequential", "ideal (from solo C, M)"),
-              ("measured_over_ideal", "measured / ideal"))
+              ("measured_over_ideal", "measured / ideal"),
+              ("primary_over_solo", "priority: primary / its solo run"),
+              ("primary_over_naive", "priority: primary / primary in naive"),
+              ("secondary_over_naive", "priority: secondary / secondary in naive"),
+              ("secondary_over_solo", "priority: secondary / its solo run"),
+              ("primary_max_wait_s", "priority: primary's worst wait (s)"),
+              ("primary_p99_wait_s", "priority: primary's 99th-percentile wait (s)"),
+              ("secondary_micro_batch_s", "priority: secondary micro-batch compute (s)"),
+              ("primary_max_wait_over_micro_batch", "priority: worst wait / micro-batch"))
+JOB_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
+
+
+def job_names(result: Mapping[str, Any]) -> list[str]:
+    """The comparison's jobs, from its solo scenarios (A, B, ...)."""
+    return sorted(n.removeprefix("solo_") for n in result["scenarios"] if n.startswith("solo_"))
+
+
+def scenario_order(result: Mapping[str, Any]) -> list[str]:
+    """Solo runs first, then sequential and the concurrent scenarios that ran."""
+    names = [f"solo_{job}" for job in job_names(result)] + ["sequential", *CONCURRENT_ORDER]
+    return [n for n in names if n in result["scenarios"]]
 
 
 def with_spread(spread: Mapping[str, float] | float, digits: int = 3) -> str:
@@ -49,35 +68,46 @@ def markdown(result: Mapping[str, Any]) -> str:
     n_trials = result.get("trials", 1)
     shown = (f" (trial {result['representative_trial']}: median crossover / naive)"
              if n_trials > 1 else "")
-    lines = [f"| scenario{shown} | job A images/s | job B images/s | aggregate images/s |",
-             "|---|---:|---:|---:|"]
-    for name in SCENARIO_ORDER:
-        scenario = result["scenarios"].get(name)
-        if scenario is None:
-            continue
+    jobs_all = job_names(result)
+    lines = [f"| scenario{shown} | " + " | ".join(f"job {j} images/s" for j in jobs_all)
+             + " | aggregate images/s |", "|---|" + "---:|" * (len(jobs_all) + 1)]
+    for name in scenario_order(result):
+        scenario = result["scenarios"][name]
         jobs = scenario["jobs"]
-        cells = [f"{jobs[j]['images_per_s']:.1f}" if j in jobs else "" for j in ("A", "B")]
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | "
+        cells = [f"{jobs[j]['images_per_s']:.1f}{_priority_mark(jobs[j])}" if j in jobs else ""
+                 for j in jobs_all]
+        lines.append(f"| {name} | {' | '.join(cells)} | "
                      f"{scenario['aggregate_images_per_s']:.1f} |")
     spreads = result.get("ratio_spread", result["ratios"])
     header = f"median [min–max] of {n_trials} trials" if n_trials > 1 else "value"
     lines += ["", f"| ratio | {header} |", "|---|---:|"]
-    lines += [f"| {label} | {with_spread(spreads[key])} |" for key, label in RATIO_ROWS]
+    lines += [f"| {label} | {with_spread(spreads[key])} |" for key, label in RATIO_ROWS
+              if key in spreads]
     lines += _regime_lines(result)
     lines += ["", "| job | compute C (ms) | comm M (ms) | solo step (ms) |", "|---|---:|---:|---:|"]
-    for job in ("A", "B"):
+    for job in jobs_all:
         solo = JobStats.from_dict(result["scenarios"][f"solo_{job}"]["jobs"][job])
         lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
                      f"{1e3 * solo.step_time_s:.1f} |")
+    if "planner" in result:  # what the planner predicted from the solo runs alone
+        from crossover_tf_planner import validate
+        lines += ["", "Planner (from the solo runs only; the representative trial):", "",
+                  validate.to_markdown(result["planner"])]
     return "\n".join(lines) + "\n"
 
 
-def plot(result: Mapping[str, Any], crossover_phases: Mapping[str, np.ndarray], path: str,
+def _priority_mark(job: Mapping[str, Any]) -> str:
+    """" (primary)" / " (secondary)" after a job that ran with a lease priority."""
+    priority = job.get("priority", "normal")
+    return "" if priority == "normal" else f" ({priority})"
+
+
+def plot(result: Mapping[str, Any], leased: Mapping[str, JobStats], path: str,
          max_steps: int = 8) -> None:
     """Left: throughput bars per scenario (stacked by job, the median trial) with every trial's
     aggregate as a dot. Middle: each ratio's per-trial values and median with min–max bars.
-    Right: host 0's lease timeline in the crossover run, showing A's compute over B's
-    communication and vice versa."""
+    Right: host 0's lease timeline in the leased run (crossover, else priority), showing each
+    job's compute over the others' communication, with each job's priority in its label."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -86,16 +116,16 @@ def plot(result: Mapping[str, Any], crossover_phases: Mapping[str, np.ndarray], 
                                               gridspec_kw={"width_ratios": [1, 0.8, 1.6]})
     _throughput_panel(bars, result)
     _ratio_panel(ratios, result)
-    _timeline_panel(lanes, crossover_phases, max_steps)
+    _timeline_panel(lanes, leased, max_steps)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def _throughput_panel(ax: Any, result: Mapping[str, Any]) -> None:
-    names = [n for n in SCENARIO_ORDER if n in result["scenarios"]]
+    names = scenario_order(result)
     bottom = np.zeros(len(names))
-    for job, color in (("A", "tab:blue"), ("B", "tab:orange")):
+    for job, color in zip(job_names(result), JOB_COLORS):
         values = np.array([result["scenarios"][n]["per_job_in_aggregate"].get(job, 0.0)
                            for n in names])
         ax.bar(names, values, bottom=bottom, color=color, label=f"job {job}")
@@ -112,7 +142,9 @@ def _throughput_panel(ax: Any, result: Mapping[str, Any]) -> None:
 def _ratio_panel(ax: Any, result: Mapping[str, Any]) -> None:
     spreads = result.get("ratio_spread") or {
         k: trials.spread([v]) for k, v in result["ratios"].items()}
-    keys = [k for k, _ in RATIO_ROWS[:2]] + ["naive_over_sequential"]
+    keys = [k for k in ("crossover_over_sequential", "crossover_over_naive",
+                        "naive_over_sequential", "primary_over_solo", "secondary_over_naive")
+            if k in spreads]
     for i, key in enumerate(keys):
         s = spreads[key]
         below, above = s["median"] - s["min"], s["max"] - s["median"]
@@ -126,19 +158,33 @@ def _ratio_panel(ax: Any, result: Mapping[str, Any]) -> None:
     ax.legend()
 
 
-def _timeline_panel(ax: Any, crossover_phases: Mapping[str, np.ndarray], max_steps: int) -> None:
-    shown = {job: np.asarray(p)[-max_steps:] for job, p in crossover_phases.items()}
-    origin = min(p[0, 0] for p in shown.values() if len(p))
+def _timeline_panel(ax: Any, leased: Mapping[str, JobStats], max_steps: int) -> None:
+    """Each job's lease holds over its last `max_steps` steps (every micro-batch its own bar;
+    stats without raw events fall back to the step phases) and its allreduces, one pair of
+    lanes per job, labelled with the job's priority."""
+    lanes = {}
+    for job, stats in leased.items():
+        phases = np.asarray(stats.phases_ns, dtype=np.int64).reshape(-1, 5)[-max_steps:]
+        if not len(phases):
+            continue
+        events = np.asarray(stats.lease_events_ns, dtype=np.int64).reshape(-1, 4)
+        events = events[(events[:, 1] >= phases[0, 0]) & (events[:, 2] > 0)]
+        holds = (events[:, 1:3] if len(events)
+                 else np.concatenate([phases[:, 0:2], phases[:, 3:5]]))
+        lanes[job] = (holds, phases[:, 1:3])
+    if not lanes:
+        return
+    origin = min(min(h[:, 0].min(), c[:, 0].min()) for h, c in lanes.values())
     rows = []
-    for job, color in (("A", "tab:blue"), ("B", "tab:orange")):
-        p = (shown[job] - origin) / 1e6  # ms
-        rows.append((f"{job} compute", [(s, e - s) for s, e in p[:, [0, 1]]], color))
-        rows.append((f"{job} allreduce", [(s, e - s) for s, e in p[:, [1, 2]]], "lightgray"))
-        rows.append((f"{job} apply", [(s, e - s) for s, e in p[:, [3, 4]]], color))
+    for (job, (holds, comms)), color in zip(lanes.items(), JOB_COLORS):
+        mark = _priority_mark({"priority": leased[job].priority})
+        for label, spans, face in ((f"{job}{mark} device", holds, color),
+                                   (f"{job} allreduce", comms, "lightgray")):
+            rows.append((label, [((a - origin) / 1e6, (b - a) / 1e6) for a, b in spans], face))
     for i, (label, spans, color) in enumerate(rows):
         ax.broken_barh(spans, (i - 0.4, 0.8), facecolors=color, edgecolor="black",
                        linewidth=0.3)
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlabel("ms (host 0, last steps of the crossover run)")
-    ax.set_title("device lease timeline: compute crossed with the peer's allreduce")
+    ax.set_xlabel("ms (host 0, last steps of the leased run)")
+    ax.set_title("device lease timeline: each job's compute crossed with the others' allreduce")

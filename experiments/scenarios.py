@@ -1,7 +1,11 @@
-"""Runs one scenario of the comparison (both jobs, or job A alone) on an emulated cluster.
+"""Runs one scenario of the comparison (all its jobs, or one alone) on an emulated cluster.
 
 Kept apart from compare.py, which decides what to run (calibration, trials, sweep); this module
 knows how: each rank's train.py command, lease groups, start barriers, logs, failures.
+
+Scenarios: sequential (each job alone, one after another), naive (all together, no lease),
+crossover (all together on one lease group, FIFO turns) and priority (two jobs on one lease
+group: the first is the primary, the second a secondary split into micro-batches).
 """
 from __future__ import annotations
 
@@ -9,22 +13,45 @@ import pathlib
 import shlex
 import shutil
 import uuid
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import logging
 
 from crossover_tf_planner.job_stats import JobStats
 
+JOB_NAMES = "ABCD"  # compare.py runs 2..4 jobs, named in this order
+CONCURRENT = ("naive", "crossover", "priority")
+
+
+def job_names(count: int) -> tuple[str, ...]:
+    """The names of `count` jobs: A, B, ... (a clear error outside 1..len(JOB_NAMES))."""
+    if not 1 <= count <= len(JOB_NAMES):
+        raise ValueError(f"a comparison runs 1..{len(JOB_NAMES)} jobs, got {count}")
+    return tuple(JOB_NAMES[:count])
+
+
+def job_settings(name: str, jobs: Sequence[str], secondary_micro_batches: int
+                 ) -> dict[str, dict[str, Any]]:
+    """Per-job train.py settings a scenario adds: in `priority` the first job is the primary
+    and every other one a secondary computing in `secondary_micro_batches` micro-batches."""
+    if name != "priority":
+        return {job: {} for job in jobs}
+    return {job: ({"priority": "primary"} if i == 0 else
+                  {"priority": "secondary", "micro_batches": secondary_micro_batches})
+            for i, job in enumerate(jobs)}
+
 
 def train_command(c: Any, job: str, group: str, model_dir: str, barrier: str,
-                  steps: int | None = None) -> list[str]:
-    """One rank's command: train.py with the comparison's training settings."""
+                  steps: int | None = None, extra: Mapping[str, Any] | None = None
+                  ) -> list[str]:
+    """One rank's command: train.py with the comparison's training settings (and `extra`)."""
     from experiments import train
     return train.train_argv({
         "job": job, "group": group, "model": c.model, "dataset": c.dataset,
         "global_batch_size": c.global_batch_size, "steps": steps or c.steps,
         "warmup_steps": c.warmup_steps, "learning_rate": c.learning_rate,
-        "jit_compile": c.jit_compile, "model_dir": model_dir, "start_barrier": barrier})
+        "jit_compile": c.jit_compile, "model_dir": model_dir, "start_barrier": barrier,
+        **(extra or {})})
 
 
 def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: str = "",
@@ -32,18 +59,27 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
                  ) -> dict[str, JobStats]:
     """Runs the jobs of scenario `name` (sequential: one after the other, each holding an
     uncontended lease so its timeline gives C and M; naive: together without a lease;
-    crossover: together sharing one). TensorBoard runs, logs and barriers go under `run_name`
-    (default: the scenario's name). Returns each job's rank-0 stats.json contents."""
+    crossover: together sharing one; priority: together sharing one, as primary and
+    secondaries). TensorBoard runs, logs and barriers go under `run_name` (default: the
+    scenario's name). Returns each job's rank-0 stats.json contents."""
     from experiments import launch_pair
+    if name not in ("sequential", *CONCURRENT):
+        raise ValueError(f"unknown scenario {name!r}; choose from sequential, "
+                         f"{', '.join(CONCURRENT)}")
     run_name = run_name or name
     group = {"naive": ""}.get(name, f"xo{uuid.uuid4().hex[:8]}")
     tensorboard_dir = out / "tensorboard" / run_name
-    concurrent = name != "sequential"
+    concurrent = name in CONCURRENT
+    extra = job_settings(name, jobs, getattr(c, "secondary_micro_batches", 1))
+    if getattr(c, "horovod_timeline", False):  # rank 0's, next to the job's stats.json
+        for job in jobs:
+            extra[job]["horovod_timeline"] = str(tensorboard_dir / job / "horovod_timeline.json")
     barriers = out / "barriers" / run_name
     shutil.rmtree(barriers, ignore_errors=True)  # arrivals of an earlier run
     # Concurrent jobs start training together (all ranks of both); sequential ones alone.
     commands = {job: train_command(c, job, group, str(tensorboard_dir), steps=steps, barrier=(
-        f"{barriers}:{len(jobs) * c.num_hosts}" if concurrent else "")) for job in jobs}
+        f"{barriers}:{len(jobs) * c.num_hosts}" if concurrent else ""), extra=extra[job])
+        for job in jobs}
     logging.info("scenario %s: %s", run_name, " ".join(map(shlex.quote, commands[jobs[0]])))
     results = launch_pair.run_jobs(cluster, commands,
                                    mode="concurrent" if concurrent else "sequential",

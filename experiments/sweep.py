@@ -5,9 +5,11 @@ Rows come from compare.json results (one per asked-for ratio); pure formatting, 
 """
 from __future__ import annotations
 
+import collections
 import statistics
 from typing import Any, Mapping, Sequence
 
+from crossover_tf_planner.analytical import recommend
 from experiments import report, trials
 
 # compare.json ratio key -> the planner report's key for the same ratio.
@@ -24,9 +26,22 @@ def _predicted(result: Mapping[str, Any], planner_key: str, model: str) -> float
     return statistics.median(values) if values else None
 
 
+def recommendations(result: Mapping[str, Any]) -> dict[str, str | None]:
+    """The planner's recommendation (the most frequent over trials) and the measured winner:
+    the same rule (analytical.recommend) applied to the median measured ratios."""
+    predicted = collections.Counter(
+        t["planner"]["recommendation"]["predicted"] for t in result.get("per_trial", [result])
+        if "recommendation" in t.get("planner", {}))
+    ratios = result["ratios"]
+    winner = recommend({"naive": ratios["naive_over_sequential"],
+                        "crossover": ratios["crossover_over_sequential"]})[0]
+    return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
+            "measured_winner": winner}
+
+
 def row(result: Mapping[str, Any]) -> dict[str, Any]:
-    """One sweep point from a comparison result: asked and achieved M/C, the bandwidth, and
-    per ratio the measured spread and each model's prediction."""
+    """One sweep point from a comparison result: asked and achieved M/C, the bandwidth, per
+    ratio the measured spread and each model's prediction, and the recommendations."""
     regime = result["regime"]
     spreads = result.get("ratio_spread") or {
         k: trials.spread([v]) for k, v in result["ratios"].items()}
@@ -35,7 +50,8 @@ def row(result: Mapping[str, Any]) -> dict[str, Any]:
             "bandwidth_mbit": regime["bandwidth_mbit"], "trials": result.get("trials", 1),
             **{key: {"measured": spreads[key],
                      **{model: _predicted(result, planner_key, model) for model in MODELS}}
-               for key, planner_key in RATIOS.items()}}
+               for key, planner_key in RATIOS.items()},
+            "recommendation": recommendations(result)}
 
 
 def _prediction(value: float | None) -> str:
@@ -43,16 +59,20 @@ def _prediction(value: float | None) -> str:
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line per M/C point: measured median [min–max] and predicted (analytical, sim)."""
+    """One line per M/C point: measured median [min–max], predicted (the cpu model /
+    the gpu-like simulator), and the planner's recommendation against the measured winner."""
     lines = ["| M/C asked | M/C measured | Mbit/s | crossover/naive measured | predicted "
-             "(analytical / simulated) | crossover/sequential measured | predicted "
-             "(analytical / simulated) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+             "(cpu model / gpu-like sim) | crossover/sequential measured | predicted "
+             "(cpu model / gpu-like sim) | recommended | measured winner |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         cells = [f"{r['comm_to_compute_asked']:g}", report.with_spread(
             r["achieved_comm_to_compute"], 2), f"{r['bandwidth_mbit']:.4g}"]
         for key in RATIOS:
             cells += [report.with_spread(r[key]["measured"]),
                       " / ".join(_prediction(r[key][m]) for m in MODELS)]
+        chosen = r.get("recommendation", {})
+        cells += [chosen.get("predicted") or "—", chosen.get("measured_winner") or "—"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,7 @@ Kept apart from the launching code so it can be tested on hand-made stats.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -38,9 +38,17 @@ def concurrent_aggregate(stats: Mapping[str, JobStats],
     return float(sum(per_job.values())), per_job, window_s
 
 
-def ideal_crossover_ratio(a: JobStats, b: JobStats) -> float:
-    """Crossover over sequential when each job's device time C (compute + apply) hides under
-    the other's communication M: (C_A+M_A + C_B+M_B) / (max(C_A, M_B) + max(C_B, M_A));
-    (C+M)/max(C,M) for two equal jobs."""
-    crossed_round = max(a.device_s, b.comm_s) + max(b.device_s, a.comm_s)
-    return (a.device_s + a.comm_s + b.device_s + b.comm_s) / crossed_round
+def ideal_crossover_ratio(jobs: Sequence[JobStats]) -> float:
+    """Crossover over sequential when every job's device time C (compute + apply) hides under
+    the others' communication M. Two jobs alternate strictly:
+    (C_A+M_A + C_B+M_B) / (max(C_A, M_B) + max(C_B, M_A)), i.e. (C+M)/max(C,M) for equal jobs.
+    N jobs take FIFO turns: a round is bounded by the device (sum of C), the shared links (sum
+    of M) and each job's own step (C+M), so sum(C+M) / max(sum C, sum M, max(C+M))."""
+    if len(jobs) < 2:
+        raise ValueError(f"the ideal crossover ratio needs >= 2 jobs, got {len(jobs)}")
+    total = sum(j.device_s + j.comm_s for j in jobs)
+    if len(jobs) == 2:
+        a, b = jobs
+        return total / (max(a.device_s, b.comm_s) + max(b.device_s, a.comm_s))
+    return total / max(sum(j.device_s for j in jobs), sum(j.comm_s for j in jobs),
+                       max(j.device_s + j.comm_s for j in jobs))

@@ -26,7 +26,7 @@ from experiments import config as config_lib  # noqa: E402
 FLAG_NAMES = ["job", "group", "model", "dataset", "data_dir", "global_batch_size", "steps",
               "epochs", "warmup_steps", "learning_rate", "momentum", "jit_compile", "model_dir",
               "seed", "lease_timeout_s", "compression", "threads", "log_every", "start_barrier",
-              "memory_limit_mb", "priority", "micro_batches"]
+              "memory_limit_mb", "priority", "micro_batches", "horovod_timeline"]
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -67,6 +67,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            enum_values=["normal", "primary", "secondary"])
     define(flags.DEFINE_integer, "micro_batches", 1, "Compute each step as this many equal "
            "micro-batches, each under its own hold (a secondary's bound on a primary's wait).")
+    define(flags.DEFINE_string, "horovod_timeline", "", "Write Horovod's timeline (rank 0, "
+           "chrome://tracing JSON) to this file; experiments/horovod_timeline.py reads it.")
 
 
 def validate(c: Any) -> None:
@@ -124,6 +126,9 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     from experiments import datasets
 
     _set_threads(c.threads)
+    if c.horovod_timeline:  # read by hvd.init, which the strategy calls
+        pathlib.Path(c.horovod_timeline).parent.mkdir(parents=True, exist_ok=True)
+        os.environ["HOROVOD_TIMELINE"] = c.horovod_timeline
     strategy = _strategy(c)
     if c.global_batch_size % strategy.size:
         raise ValueError(f"global_batch_size {c.global_batch_size} is not divisible by the "
@@ -137,7 +142,7 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     model = _compiled_model(c, strategy)
     job_dir = pathlib.Path(c.model_dir) / c.job
     step_stats = xo_callbacks.StepStatistics(strategy, c.global_batch_size, str(job_dir),
-                                             c.log_every)
+                                             c.log_every, description=_description(c, strategy))
     if c.start_barrier:
         from experiments.barrier import wait_at_barrier
         wait_at_barrier(c.start_barrier, f"{c.job}-{strategy.rank}")
@@ -151,6 +156,15 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     logging.info("job %s rank %d: %.1f images/s, median step %.1f ms", c.job, strategy.rank,
                  stats.images_per_s, 1e3 * stats.step_time_s)
     return stats
+
+
+def _description(c: types.SimpleNamespace, strategy: Any) -> dict[str, str]:
+    """What TensorBoard shows about this job, so runs of N jobs side by side say which is which
+    (and which one is the primary)."""
+    return {"job": c.job, "lease group": c.group or "(none: no lease)",
+            "priority": c.priority, "micro-batches per step": str(c.micro_batches),
+            "ranks": str(strategy.size), "model": c.model,
+            "global batch": str(c.global_batch_size)}
 
 
 def _set_threads(threads: int) -> None:
@@ -197,8 +211,10 @@ def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
     step_times = np.array([r["step_time_s"] for r in timed])
     phases: dict[str, Any] = {}
     if strategy.lease is not None:
-        phases_ns = timeline.step_phases(strategy.lease.timeline())
+        events = np.asarray(strategy.lease.timeline(), dtype=np.int64).reshape(-1, 4)
+        phases_ns = timeline.step_phases(events)
         phases["phases_ns"] = phases_ns.tolist()
+        phases["lease_events_ns"] = events.tolist()
         for key, values in timeline.phase_durations(phases_ns[c.warmup_steps:]).items():
             phases[key] = float(np.median(values)) if len(values) else float("nan")
     return JobStats(

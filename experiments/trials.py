@@ -29,8 +29,8 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
 
 def comm_to_compute(result: Mapping[str, Any]) -> float:
     """M/C of one trial from its solo profiles: total allreduce over total device time."""
-    solos = [JobStats.from_dict(result["scenarios"][f"solo_{job}"]["jobs"][job])
-             for job in ("A", "B")]
+    solos = [JobStats.from_dict(job) for name, scenario in result["scenarios"].items()
+             if name.startswith("solo_") for job in scenario["jobs"].values()]
     return sum(s.comm_s for s in solos) / sum(s.device_s for s in solos)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 
@@ -10,6 +11,7 @@ import pytest
 from crossover_tf_planner import validate as planner_validate
 from crossover_tf_planner.job_stats import JobStats
 from experiments import calibration, compare, report, sweep, trials
+from crossover_tf_planner.comm_cost import CommCpu
 from experiments.calibration import CalibrationPoint, CommFit
 
 MS = 1e-3
@@ -165,8 +167,8 @@ def test_markdown_and_png_show_the_spread(tmp_path):
     assert "| bandwidth (Mbit/s, calibrated) | 62.5 |" in table
     unshaped = report.markdown({**result, "settings": {"cluster": {"emulated": False}}})
     assert "| bandwidth (Mbit/s, calibrated, NOT applied: localhost fallback) |" in unshaped
-    phases = {j: result["scenarios"]["crossover"]["jobs"][j]["phases_ns"] for j in "AB"}
-    report.plot(result, phases, str(tmp_path / "compare.png"))
+    leased = {j: JobStats.from_dict(result["scenarios"]["crossover"]["jobs"][j]) for j in "AB"}
+    report.plot(result, leased, str(tmp_path / "compare.png"))
     assert (tmp_path / "compare.png").stat().st_size > 10_000
 
 
@@ -197,7 +199,7 @@ def test_sweep_rows_pair_measured_spread_with_predictions(tmp_path):
     ({"sweep_comm_to_compute": ["1", "0"]}, "ratios must be positive"),
     ({"sweep_comm_to_compute": ["1", "1"]}, "distinct"),
     ({"sweep_comm_to_compute": ["1"], "bandwidth_mbit": 50.0}, "drop --bandwidth_mbit"),
-    ({"sweep_comm_to_compute": ["1"], "scenarios": ["sequential"]}, "run all scenarios"),
+    ({"sweep_comm_to_compute": ["1"], "scenarios": ["sequential"]}, "run those scenarios"),
     ({"force_localhost": True}, "calibration needs shaped links"),
     ({"calibration_mbit": 1.0}, "calibration_mbit must be in"),
     ({"calibration_timed_steps": 2}, "calibration_timed_steps must be >= 5"),
@@ -239,17 +241,24 @@ def fake_runs(monkeypatch):
         stats = _scenario_stats(COMPUTE_S, comm_s, 1.4 + 0.2 * ((trial + 1) % 3 - 1))[name]
         return {job: stats[job] for job in jobs}
 
+    def measure(bandwidth, megabytes, num_hosts, log_dir):
+        calls.append(f"comm_cpu@{bandwidth:.4g}mbit:{megabytes:.4g}MB")
+        return CommCpu(cpu_per_wait_s=0.05, cpu_s_per_mb=0.004, bandwidth_mbit=bandwidth)
+
+    from experiments import comm_cpu
     monkeypatch.setattr(compare, "_cluster", lambda c, bandwidth: _FakeCluster(bandwidth))
     monkeypatch.setattr(compare.scenarios, "run_scenario", run_scenario)
+    monkeypatch.setattr(comm_cpu, "measure", measure)
     return calls
 
 
 def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, tmp_path):
     result = compare.run(overrides={"comm_to_compute": 2.0, "trials": 3,
                                     "out_dir": str(tmp_path)})
-    # Calibration at 100 Mbit/s (M = 70 ms), then at the guess 100 * .07 / (2 * .1) = 35.
-    assert fake_runs[:2] == ["100mbit", "35mbit"]
-    assert fake_runs[2:] == ["t0_sequential", "t0_naive", "t0_crossover",
+    # Calibration at 100 Mbit/s (M = 70 ms), then at the guess 100 * .07 / (2 * .1) = 35;
+    # the comm CPU probe at the chosen 27.8 Mbit/s with the fit's 5 Mbit = 0.625 MB.
+    assert fake_runs[:3] == ["100mbit", "35mbit", "comm_cpu@27.78mbit:0.625MB"]
+    assert fake_runs[3:] == ["t0_sequential", "t0_naive", "t0_crossover",
                              "t1_naive", "t1_crossover", "t1_sequential",
                              "t2_crossover", "t2_sequential", "t2_naive"]
     saved = json.loads((tmp_path / "compare.json").read_text())
@@ -264,6 +273,10 @@ def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, 
         [1.4, 1.6, 1.2])
     assert saved["ratios"]["crossover_over_sequential"] == pytest.approx(1.4)
     assert saved["planner"] == saved["per_trial"][saved["representative_trial"]]["planner"]
+    assert regime["comm_cpu"]["cpu_s_per_mb"] == 0.004
+    # The planner charged it: 0.05 CPU s per s of M = 200 ms plus 0.004 per 0.625 MB.
+    assert saved["planner"]["profiles"][0]["comm_cpu_s"] == pytest.approx(
+        0.05 * 0.2 + 0.004 * 0.625)
     assert "1.400 [1.200–1.600]" in (tmp_path / "compare.md").read_text()
     assert (tmp_path / "compare.png").stat().st_size > 0
     assert result["ratios"] == saved["ratios"]
@@ -278,7 +291,7 @@ def test_noisy_calibration_adds_a_slower_point(fake_runs, monkeypatch, tmp_path)
     assert [p["bandwidth_mbit"] for p in calibrated["points"]] == [100, 50, 25]
     assert calibrated["fit"]["per_mbit_s"] > 0
     assert 25 < result["regime"]["bandwidth_mbit"] < 100
-    assert fake_runs[3:] == ["t0_sequential", "t0_naive", "t0_crossover"]
+    assert fake_runs[4:] == ["t0_sequential", "t0_naive", "t0_crossover"]
 
 
 def test_calibration_gives_up_after_max_points(fake_runs, monkeypatch, tmp_path):
@@ -301,7 +314,7 @@ def test_unreachable_ratio_fails_after_calibration_with_its_numbers(fake_runs, t
 
 def test_fixed_bandwidth_skips_calibration(fake_runs, tmp_path):
     saved = compare.run(overrides={"bandwidth_mbit": 50.0, "out_dir": str(tmp_path)})
-    assert fake_runs == ["t0_sequential", "t0_naive", "t0_crossover"]
+    assert fake_runs == ["comm_cpu@50mbit:4MB", "t0_sequential", "t0_naive", "t0_crossover"]
     assert saved["regime"]["bandwidth_source"] == "fixed"
     assert saved["regime"]["comm_to_compute_asked"] is None
     assert saved["regime"]["achieved_comm_to_compute"]["median"] == pytest.approx(
@@ -312,13 +325,15 @@ def test_sweep_calibrates_once_and_writes_one_table_and_plot(fake_runs, tmp_path
     summary = compare.run(overrides={"sweep_comm_to_compute": ["0.5", "2"], "trials": 2,
                                      "out_dir": str(tmp_path)})
     assert [n for n in fake_runs if n.endswith("mbit")] == ["100mbit", "50mbit"]
-    assert len(fake_runs) == 2 + 2 * 2 * 3
+    assert len([n for n in fake_runs if n.startswith("comm_cpu")]) == 1  # one probe per sweep
+    assert len(fake_runs) == 2 + 1 + 2 * 2 * 3
     achieved = [r["achieved_comm_to_compute"]["median"] for r in summary["rows"]]
     assert achieved == pytest.approx([0.5, 2.0])
     for ratio in ("0.5", "2"):
         assert (tmp_path / f"ratio_{ratio}" / "compare.json").exists()
     table = (tmp_path / "sweep.md").read_text()
     assert table.count("\n") == 2 + 2 and "| 0.5 | 0.50 |" in table
+    assert "| naive | cross |" in table  # the cpu model recommends naive; 1.4x was measured
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1][
         "crossover_over_naive"]["analytical"] > 0
     assert (tmp_path / "sweep.png").stat().st_size > 0
@@ -336,3 +351,139 @@ def test_calibration_refuses_an_unshaped_cluster(monkeypatch, tmp_path):
     monkeypatch.setattr(compare, "_cluster", lambda c, bandwidth: fallback)
     with pytest.raises(RuntimeError, match=r"fell back to localhost \(not root\)"):
         compare.run(overrides={"out_dir": str(tmp_path)})
+
+
+# -- N jobs and the priority scenario -------------------------------------------------------------
+def test_three_job_summary_reports_every_job_and_the_fifo_ideal(tmp_path):
+    jobs = "ABC"
+    solo = 0.1 + 0.2  # C = 100 ms (+10% apply), M = 200 ms: M/C about 2
+    stats = {"sequential": {j: _stats(j, solo, 0.1, 0.2) for j in jobs},
+             "naive": {j: _stats(j, 3 * solo / 1.3, 0.1, 0.2) for j in jobs},
+             "crossover": {j: _stats(j, 3 * solo / 1.4, 0.1, 0.2) for j in jobs}}
+    summary = compare.summarise(stats, 1, {})
+    assert {f"solo_{j}" for j in jobs} <= set(summary["scenarios"])
+    assert summary["ratios"]["crossover_over_sequential"] == pytest.approx(1.4, rel=0.02)
+    assert summary["ratios"]["crossover_over_naive"] == pytest.approx(1.4 / 1.3, rel=0.02)
+    # FIFO bound: three links' worth of M (0.6 s) per round against 3 x 0.31 s solo.
+    assert summary["ratios"]["ideal_crossover_over_sequential"] == pytest.approx(0.93 / 0.6)
+    assert trials.comm_to_compute(summary) == pytest.approx(0.2 / 0.11)
+    table = report.markdown(summary)
+    assert "| scenario | job A images/s | job B images/s | job C images/s |" in table
+    assert "| C | 110.0 | 200.0 | 300.0 |" in table
+    leased = stats["crossover"]
+    report.plot(summary, leased, str(tmp_path / "three.png"))
+    assert (tmp_path / "three.png").stat().st_size > 10_000
+
+
+def _leased(job: str, priority: str, holds_ms: list[tuple[float, float, float]], period_s: float,
+            steps: int = 10, tag: int = 1) -> JobStats:
+    """A job whose lease events repeat `holds_ms` (request, acquired, released; ms into each
+    step) every step, with one apply event per step."""
+    events = []
+    for i in range(steps):
+        base = 1e9 * i * period_s
+        events += [[int(base + 1e6 * t) for t in hold] + [tag] for hold in holds_ms]
+    stats = _stats(job, period_s, 0.05, 0.05, steps=steps)
+    return dataclasses.replace(stats, priority=priority, lease_events_ns=events,
+                               micro_batches=len(holds_ms))
+
+
+def test_priority_ratios_judge_the_primary_against_solo_and_its_wait_against_a_micro_batch():
+    from experiments import priority_metrics
+    # The primary waits 3 ms for its compute hold, 1 ms for another; the secondary's four
+    # micro-batches hold 5 ms each.
+    primary = _leased("A", "primary", [(0, 3, 40), (60, 61, 70)], 0.1)
+    secondary = _leased("B", "secondary", [(0, 0, 5), (10, 10, 15), (20, 20, 25), (30, 30, 35)],
+                        0.1)
+    solo = {"A": _stats("A", 0.095, 0.05, 0.04), "B": _stats("B", 0.1, 0.05, 0.05)}
+    ratios = priority_metrics.priority_ratios(
+        {"A": primary, "B": secondary}, solo, {"A": 320.0, "B": 100.0}, {"A": 200.0, "B": 200.0},
+        warmup_steps=1)
+    assert ratios["primary_over_solo"] == pytest.approx(320.0 / (32 / 0.095))
+    assert ratios["secondary_over_naive"] == pytest.approx(0.5)
+    assert ratios["primary_over_naive"] == pytest.approx(1.6)
+    assert ratios["primary_max_wait_s"] == pytest.approx(0.003)
+    assert ratios["secondary_micro_batch_s"] == pytest.approx(0.005)
+    assert ratios["primary_max_wait_over_micro_batch"] == pytest.approx(0.6)
+    # Warm-up events do not count: a 50 ms wait in step 0 is ignored.
+    slow_start = dataclasses.replace(primary, lease_events_ns=[[0, int(50e6), int(60e6), 1]]
+                                     + primary.lease_events_ns[2:])
+    assert priority_metrics.priority_ratios(
+        {"A": slow_start, "B": secondary}, solo, {"A": 1.0, "B": 1.0}, None, 1
+    )["primary_max_wait_s"] == pytest.approx(0.003)
+    with pytest.raises(ValueError, match="one primary"):
+        priority_metrics.priority_ratios({"A": secondary, "B": secondary}, solo,
+                                         {"A": 1.0, "B": 1.0}, None, 1)
+
+
+def test_saved_lease_tags_match_the_lease_library():
+    from crossover_tf import lease
+    from crossover_tf_planner import job_stats
+    assert job_stats.LEASE_TAGS == {lease.TAG_OTHER: "other", lease.TAG_COMPUTE: "compute",
+                                    lease.TAG_APPLY: "apply"}
+    assert job_stats.TAG_COMPUTE == lease.TAG_COMPUTE
+
+
+def test_priority_scenario_summary_and_report(tmp_path):
+    primary = _leased("A", "primary", [(0, 3, 40), (60, 61, 70)], 0.1)
+    secondary = _leased("B", "secondary", [(0, 0, 5), (10, 10, 15)], 0.2)
+    stats = {"sequential": {"A": _stats("A", 0.095, 0.05, 0.04),
+                            "B": _stats("B", 0.1, 0.05, 0.05)},
+             "naive": {j: _stats(j, 0.15, 0.05, 0.05) for j in "AB"},
+             "priority": {"A": primary, "B": secondary}}
+    summary = compare.summarise(stats, 1, {})
+    assert "crossover_over_naive" not in summary["ratios"]  # crossover did not run
+    assert summary["ratios"]["primary_over_solo"] == pytest.approx(
+        summary["scenarios"]["priority"]["per_job_in_aggregate"]["A"] / (32 / 0.095))
+    table = report.markdown(summary)
+    assert "(primary)" in table and "(secondary)" in table
+    assert "| priority: primary's worst wait (s) | 0.003 |" in table
+    report.plot(summary, stats["priority"], str(tmp_path / "priority.png"))
+    assert (tmp_path / "priority.png").stat().st_size > 10_000
+
+
+def test_scenario_job_settings_mark_the_primary_and_split_the_secondary():
+    from experiments import scenarios
+    assert scenarios.job_names(3) == ("A", "B", "C")
+    with pytest.raises(ValueError, match="1..4 jobs"):
+        scenarios.job_names(5)
+    assert scenarios.job_settings("crossover", "AB", 4) == {"A": {}, "B": {}}
+    assert scenarios.job_settings("priority", "AB", 4) == {
+        "A": {"priority": "primary"}, "B": {"priority": "secondary", "micro_batches": 4}}
+    c = compare.config_lib.resolve(compare.flags.FLAGS, compare.FLAG_NAMES,
+                                   {"out_dir": "x", "bandwidth_mbit": 10.0}, compare.validate,
+                                   "compare")
+    argv = scenarios.train_command(c, "B", "g", "d", "", extra={"priority": "secondary",
+                                                               "micro_batches": 4})
+    assert "--priority=secondary" in argv and "--micro_batches=4" in argv
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"jobs": 5}, "jobs must be in 2..4"),
+    ({"jobs": 3, "scenarios": ["sequential", "priority"]}, "--jobs=2"),
+    ({"secondary_micro_batches": 5}, "must divide each rank's batch"),
+    ({"jobs": 3, "sweep_comm_to_compute": ["1"]}, "--jobs=2"),
+])
+def test_compare_rejects_bad_job_settings(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        compare.config_lib.resolve(compare.flags.FLAGS, compare.FLAG_NAMES, overrides,
+                                   compare.validate, "compare")
+
+
+def test_replan_rewrites_predictions_from_saved_comparisons(fake_runs, tmp_path):
+    from experiments import replan
+    compare.run(overrides={"sweep_comm_to_compute": ["0.5", "2"], "out_dir": str(tmp_path)})
+    before = json.loads((tmp_path / "ratio_2" / "compare.json").read_text())
+    measured = before["ratios"]
+    costly = {"cpu_per_wait_s": 0.5, "cpu_s_per_mb": 0.0}
+    rows = replan.replan(tmp_path, costly)
+    after = json.loads((tmp_path / "ratio_2" / "compare.json").read_text())
+    assert after["ratios"] == measured  # measurements untouched
+    assert after["regime"]["comm_cpu"] == costly
+    assert after["planner"]["profiles"][0]["comm_cpu_s"] == pytest.approx(
+        0.5 * after["planner"]["profiles"][0]["comm_s"])
+    assert [r["comm_to_compute_asked"] for r in rows] == [0.5, 2.0]
+    assert json.loads((tmp_path / "sweep.json").read_text())["rows"] == rows
+    assert "Planner (from the solo runs only" in (tmp_path / "ratio_2" / "compare.md").read_text()
+    with pytest.raises(ValueError, match="no compare.json"):
+        replan.replan(tmp_path / "nowhere")

@@ -75,12 +75,21 @@ def _phases(compute_s: float, comm_s: float, apply_s: float = 0.0) -> JobStats:
 
 def test_ideal_ratio_matches_hand_computed_cases():
     equal = _phases(0.04, 0.05, apply_s=0.01)  # device time C = compute + apply = 0.05
-    assert throughput.ideal_crossover_ratio(equal, equal) == pytest.approx(2.0)
+    assert throughput.ideal_crossover_ratio([equal, equal]) == pytest.approx(2.0)
     no_comm = _phases(0.05, 0.0)
-    assert throughput.ideal_crossover_ratio(no_comm, no_comm) == pytest.approx(1.0)
+    assert throughput.ideal_crossover_ratio([no_comm, no_comm]) == pytest.approx(1.0)
     a, b = _phases(0.03, 0.05), _phases(0.05, 0.02)
     # round = max(C_A=.03, M_B=.02) + max(C_B=.05, M_A=.05) = .08 for .15 of solo time
-    assert throughput.ideal_crossover_ratio(a, b) == pytest.approx(0.15 / 0.08)
+    assert throughput.ideal_crossover_ratio([a, b]) == pytest.approx(0.15 / 0.08)
+    # Three equal jobs at M = 2C share the links: a round is 3M, so (C+M)/M = 1.5, as for two.
+    m2 = _phases(0.05, 0.10)
+    assert throughput.ideal_crossover_ratio([m2] * 3) == pytest.approx(0.45 / 0.30)
+    assert throughput.ideal_crossover_ratio([m2] * 2) == pytest.approx(1.5)
+    # Three jobs, one with a short allreduce: the links (sum M = .21) still set the round.
+    short = _phases(0.05, 0.01)
+    assert throughput.ideal_crossover_ratio([m2, m2, short]) == pytest.approx(0.36 / 0.21)
+    with pytest.raises(ValueError, match=">= 2 jobs"):
+        throughput.ideal_crossover_ratio([m2])
 
 
 def test_sequential_scenario_credits_each_job_its_share_of_the_images():
@@ -120,11 +129,27 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
     result = compare.run(overrides={
         "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32, "steps": 16,
         "warmup_steps": 4, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path),
-        "timeout_s": 300.0})
-    for name in ("compare.json", "compare.md", "compare.png"):
+        "timeout_s": 300.0, "scenarios": ["sequential", "naive", "crossover", "priority"],
+        "secondary_micro_batches": 2, "horovod_timeline": True})
+    for name in ("compare.json", "compare.md", "compare.png", "attribution.md"):
         assert (tmp_path / name).stat().st_size > 0, name
     saved = json.loads((tmp_path / "compare.json").read_text())
-    assert set(saved["scenarios"]) == {"solo_A", "solo_B", "sequential", "naive", "crossover"}
+    assert set(saved["scenarios"]) == {"solo_A", "solo_B", "sequential", "naive", "crossover",
+                                       "priority"}
+    priority_jobs = saved["scenarios"]["priority"]["jobs"]
+    assert (priority_jobs["A"]["priority"], priority_jobs["B"]["priority"]) == (
+        "primary", "secondary")
+    assert priority_jobs["B"]["micro_batches"] == 2
+    # Two compute holds per step for the secondary, one (plus the apply) for the primary.
+    tags = [e[3] for e in priority_jobs["B"]["lease_events_ns"]]
+    assert tags.count(1) == 2 * tags.count(2)
+    assert saved["ratios"]["primary_max_wait_s"] >= 0 and saved["ratios"]["primary_over_solo"] > 0
+    attribution = json.loads((tmp_path / "attribution.json").read_text())
+    assert attribution["round_ms"] > 0 and attribution["hand-offs_per_round"] > 0
+    if saved["settings"]["cluster"]["emulated"]:  # root: shaped links, the probe ran
+        assert saved["regime"]["comm_cpu"]["cpu_per_wait_s"] >= 0
+        assert set(attribution["horovod"]["A"]) == {"sequential", "crossover"}
+        assert attribution["horovod"]["A"]["crossover"]["transfer_ms"] > 0
     for scenario in saved["scenarios"].values():
         assert math.isfinite(scenario["aggregate_images_per_s"])
         assert scenario["aggregate_images_per_s"] > 0
@@ -139,7 +164,29 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
     assert "planner" in saved and saved["planner"]["prediction"]
     runs = {p.parent.parent.name + "/" + p.parent.name
             for p in (tmp_path / "tensorboard").glob("*/*/events.out.tfevents.*")}
-    assert runs == {f"t0_{s}/{j}" for s in ("sequential", "naive", "crossover") for j in "AB"}
+    assert runs == {f"t0_{s}/{j}" for s in ("sequential", "naive", "crossover", "priority")
+                    for j in "AB"}
     assert result["ratios"] == saved["ratios"]
     assert saved["trials"] == 1 and saved["regime"]["bandwidth_source"] == "fixed"
     assert saved["regime"]["achieved_comm_to_compute"]["median"] > 0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_compare_three_jobs_crossing_end_to_end(tmp_path):
+    """compare.py --jobs=3: three jobs share each host's lease in FIFO turns; every job makes
+    progress and the report shows them all."""
+    compare.run(overrides={
+        "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32, "steps": 14,
+        "warmup_steps": 4, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path), "jobs": 3,
+        "timeout_s": 300.0, "scenarios": ["sequential", "crossover"], "comm_cpu_probe": False})
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    crossed = saved["scenarios"]["crossover"]
+    assert set(crossed["jobs"]) == {"A", "B", "C"}
+    assert all(rate > 0 for rate in crossed["per_job_in_aggregate"].values())
+    intervals = sorted((s[1], s[2], job) for job, j in crossed["jobs"].items()
+                       for s in j["lease_events_ns"] if s[2])
+    for (_, end, a), (start, _, b) in zip(intervals, intervals[1:]):
+        assert end <= start, f"jobs {a} and {b} held host 0's device at once"
+    assert "job C images/s" in (tmp_path / "compare.md").read_text()
+    assert saved["ratios"]["ideal_crossover_over_sequential"] > 1

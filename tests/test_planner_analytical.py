@@ -72,6 +72,18 @@ def test_recommend_threshold_and_bad_inputs():
     assert choice == "shift" and "+20.0%" in reason
     assert analytical.recommend({"sequential": 1.0, "naive": 1.0, "shift": 1.03,
                                  "crossover": 1.04})[0] == "do not pair"
+    # Naive already takes the gain: crossing must beat it by min_gain, not just match it.
+    choice, reason = analytical.recommend({"sequential": 1.0, "naive": 1.8, "shift": 1.8,
+                                           "crossover": 1.85})
+    assert choice == "naive" and "+80.0% over sequential" in reason
+    assert analytical.recommend({"sequential": 1.0, "naive": 1.5, "shift": 1.5,
+                                 "crossover": 1.8})[0] == "cross"
+    # Naive below the bar but crossing above it: cross.
+    assert analytical.recommend({"sequential": 1.0, "naive": 1.03, "crossover": 1.09})[0] \
+        == "cross"
+    # Measured comparisons have no shift: the same rule names their winner.
+    assert analytical.recommend({"sequential": 1.0, "naive": 1.78, "crossover": 1.76})[0] \
+        == "naive"
     with pytest.raises(ValueError, match="itself"):
         analytical.predict_pair(job("A", 0.05, 0.05), job("A", 0.05, 0.05))
     with pytest.raises(ValueError, match="at least one pair"):
@@ -102,3 +114,19 @@ def test_fifo_round_bounds():
     assert fifo_round_s(equal[:1]) == pytest.approx(3.0)  # alone: C + M
     with pytest.raises(ValueError, match="at least one job"):
         fifo_round_s([])
+
+
+def test_cpu_model_makes_naive_work_conserving_and_charges_comm_cpu():
+    a = JobProfile(name="A", compute_s=0.5, comm_s=0.5, handoff_s=0.001, comm_cpu_s=0.05)
+    b = JobProfile(name="B", compute_s=0.5, comm_s=0.5, handoff_s=0.001, comm_cpu_s=0.05)
+    cpu = analytical.predict_pair(a, b, model="cpu", samples=0)
+    # Round: both computes plus both allreduces' CPU work on the core = 1.1 s; solo step 1 s.
+    assert cpu.normalised["naive"] == pytest.approx(2 * 1.0 / 1.1)
+    assert cpu.normalised["shift"] == pytest.approx(cpu.normalised["naive"])
+    assert cpu.normalised["crossover"] == pytest.approx(2 * 1.0 / 1.102)
+    assert cpu.recommendation == "naive" and cpu.device_model == "cpu"
+    gpu = analytical.predict_pair(a, b, model="gpu", samples=0)
+    assert gpu.normalised["naive"] < 1.5 < gpu.normalised["crossover"]  # random phases
+    assert gpu.recommendation in ("cross", "shift")  # a scheduler pays on a GPU
+    with pytest.raises(ValueError, match="unknown device model"):
+        analytical.predict_pair(a, b, model="tpu")

@@ -43,7 +43,12 @@ def test_ratios_and_errors_from_a_hand_made_comparison(tmp_path):
     predicted = report["prediction"]["normalised"]
     assert row["analytical"] == pytest.approx(predicted["crossover"] / predicted["sequential"])
     assert row["analytical_error_pct"] == pytest.approx(100 * (row["analytical"] - 1.5) / 1.5)
-    assert 1.3 < row["analytical"] < 1.6 and 1.3 < row["simulated"] < 1.6
+    # cpu model, one step of each per round: max(device .125 + 2 hand-offs, links .125,
+    # B's own step .15 + a hand-off) = .1502 s against solo steps of .1 and .15 s.
+    assert report["device_model"] == "cpu"
+    assert row["analytical"] == pytest.approx((0.1 + 0.15) / 0.1502)
+    assert 1.3 < row["simulated"] < 1.6  # the gpu-like simulator: random phases cost overlap
+    assert report["recommendation"] == {"predicted": "naive", "measured_winner": "cross"}
     assert report["normalised_ratios"]["crossover/naive"]["measured"] == pytest.approx(1.5 / 1.3)
     assert report["aggregate_images_ratios"]["crossover/sequential"]["measured"] == \
         pytest.approx(1.5)
@@ -56,7 +61,7 @@ def test_missing_scenarios_are_skipped_or_rejected():
     assert set(report["normalised_ratios"]) == {"crossover/sequential"}
     data = comparison({"crossover": 1.5})
     del data["scenarios"]["solo_B"]
-    with pytest.raises(ValueError, match="solo_B"):
+    with pytest.raises(ValueError, match="solo_A, solo_B"):
         validate.validate_comparison(data)
     data = comparison({})
     del data["scenarios"]["solo_A"]["jobs"]["A"]["comm_s"]
@@ -74,3 +79,39 @@ def test_sequential_pair_counts_each_job_for_half_the_time():
                                        "aggregate_images_per_s": sum(halves.values())}
     report = validate.validate_comparison(data, sim_steps=30)
     assert report["normalised_ratios"]["crossover/sequential"]["measured"] == pytest.approx(1.5)
+
+
+def test_comm_cpu_cost_comes_from_the_calibration_and_the_link():
+    data = comparison({"sequential": 1.0, "naive": 1.6, "crossover": 1.6})
+    data["regime"] = {"bandwidth_mbit": 80.0, "calibration": {"fit": {"per_mbit_s": 8.0}},
+                      "comm_cpu": {"cpu_per_wait_s": 0.1, "cpu_s_per_mb": 0.002}}
+    a, b = validate.profiles_from_comparison(data)
+    # 8 Mbit = 1 MB on the wire per step: 0.1 * M + 0.002 * 1.
+    assert a.comm_cpu_s == pytest.approx(0.1 * 0.05 + 0.002)
+    assert b.comm_cpu_s == pytest.approx(0.1 * 0.075 + 0.002)
+    del data["regime"]["calibration"]  # fixed link: M x bandwidth bounds the bytes
+    a, _ = validate.profiles_from_comparison(data, {"cpu_per_wait_s": 0.0, "cpu_s_per_mb": 0.01})
+    assert a.comm_cpu_s == pytest.approx(0.01 * 80 * 0.05 / 8)
+    report = validate.validate_comparison(data, sim_steps=30)
+    assert report["profiles"][0]["comm_cpu_s"] > 0
+
+
+def test_three_jobs_are_checked_against_the_fifo_round():
+    data = comparison({})
+    solo = data["scenarios"]["solo_A"]["jobs"]["A"]
+    data["scenarios"]["solo_C"] = scenario({"C": {**solo, "job": "C"}})
+    jobs = {"A": solo, "B": {**solo, "job": "B"}, "C": {**solo, "job": "C"}}
+    data["scenarios"]["solo_B"] = scenario({"B": jobs["B"]})
+    for name, share in (("sequential", 1 / 3), ("naive", 2 / 3), ("crossover", 2 / 3)):
+        data["scenarios"][name] = scenario({k: {**v, "images_per_s": v["images_per_s"] * share}
+                                            for k, v in jobs.items()})
+    report = validate.validate_comparison(data)
+    # Three equal jobs, C = M = 50 ms: a FIFO round is 3 x 50 ms (+ hand-offs) for 3 x 100 ms
+    # of solo steps, so both naive and crossover give 2 solo-job equivalents.
+    row = report["normalised_ratios"]["crossover/sequential"]
+    assert row["measured"] == pytest.approx(2.0)
+    assert row["analytical"] == pytest.approx(0.3 / (0.15 + 3 * 2e-4))
+    assert report["normalised_ratios"]["crossover/naive"]["analytical"] == pytest.approx(
+        0.15 / 0.1506)
+    assert report["recommendation"] == {"predicted": "naive", "measured_winner": "naive"}
+    assert "simulated" not in row and "—" in validate.to_markdown(report)

@@ -153,3 +153,26 @@ def test_single_process_surface():
                                                                             [4, 5, 6, 7]]
     with pytest.raises(ValueError, match="group 'a b' is invalid"):
         crossover_tf.CrossoverStrategy(group="a b")
+
+
+def test_step_statistics_marks_the_job_and_its_priority_in_tensorboard(tmp_path):
+    """N jobs side by side in TensorBoard: each run says which job it is and its priority."""
+    import types
+
+    import tensorflow as tf
+
+    from crossover_tf.callbacks import StepStatistics
+    strategy = types.SimpleNamespace(should_save_summary=True, lease_stats=lambda: {})
+    stats = StepStatistics(strategy, 8, str(tmp_path),
+                           description={"job": "B", "priority": "secondary"})
+    stats.on_train_begin()
+    stats.on_train_batch_begin(0)
+    stats.on_train_batch_end(0, {"loss": 1.0})
+    stats.on_train_end()
+    texts = {}
+    for path in tmp_path.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == "job":
+                    texts[value.tag] = tf.make_ndarray(value.tensor).item().decode()
+    assert "| priority | secondary |" in texts["job"] and "| job | B |" in texts["job"]

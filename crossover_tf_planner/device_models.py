@@ -1,0 +1,76 @@
+"""How jobs share one device when nothing schedules them, named and written down in one place.
+
+Whether crossing pays depends on what naive co-location gets, and that depends on the device:
+
+* ``cpu``: the emulated cluster of experiments/ (and any CPU training). Each host is one
+  time-sliced core; Linux's scheduler runs whichever job has work, in slices of a few ms, far
+  shorter than a step. Measured on that cluster, naive co-location reaches nearly the ideal
+  overlap (naive/sequential 1.81 against an ideal 1.85 at M/C 0.85, README), so naive is
+  modelled *work-conserving*: the core and the links are never idle while a job has work for
+  them. A job's allreduce is not free for the core either: Gloo's reduction, the TCP stack,
+  Horovod's background thread and TensorFlow's executor take ``comm_cpu_s`` CPU seconds per
+  step from the core the other job computes on (measured by ``plan.py --mode=calibrate``).
+  Under this model crossing can at best match naive: the lease only adds hand-offs.
+* ``gpu``: processes without MPS get separate contexts; only MPS "allows kernel and memcopy
+  operations from different processes to overlap", and without it the processes' "scheduling
+  resources must be swapped on and off the GPU" (NVIDIA, Multi-Process Service, introduction,
+  https://docs.nvidia.com/deploy/mps/index.html, and "When to Use MPS"). So the device is
+  time-sliced between jobs at a context-switch cost. Nothing makes two such jobs drift into
+  anti-phase, so naive co-location is the fluid processor-sharing model of fluid.py averaged
+  over random start offsets, with ``device_efficiency`` (1.0: free switching) the share of the
+  device two contexts get together; the allreduce runs on the NIC and the host CPU, not on the
+  device (``comm_on_device`` False). Its parameters are not measured here: no GPU is available
+  to this project's CI, so the GPU check script (scripts/gpu_check.sh) is where to measure them.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+NAIVE_SHARING = ("work-conserving", "fluid")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceModel:
+    """One device's sharing behaviour, as the planner's policies use it."""
+
+    name: str
+    naive_sharing: str  # "work-conserving" (time-sliced core) or "fluid" (random phases)
+    device_efficiency: float  # device throughput when two jobs share it, over one job's
+    comm_on_device: bool  # whether a job's allreduce CPU work (comm_cpu_s) runs on the device
+    source: str  # where the behaviour and parameters come from
+
+    def __post_init__(self) -> None:
+        if self.naive_sharing not in NAIVE_SHARING:
+            raise ValueError(f"naive_sharing must be one of {NAIVE_SHARING}, got "
+                             f"{self.naive_sharing!r}")
+        if not 0 < self.device_efficiency <= 1:
+            raise ValueError(f"device_efficiency must be in (0, 1], got "
+                             f"{self.device_efficiency}")
+
+
+CPU = DeviceModel(
+    name="cpu", naive_sharing="work-conserving", device_efficiency=1.0, comm_on_device=True,
+    source="measured on the emulated cluster (README 'Measured here'); comm_cpu_s from "
+           "plan.py --mode=calibrate")
+GPU = DeviceModel(
+    name="gpu", naive_sharing="fluid", device_efficiency=1.0, comm_on_device=False,
+    source="NVIDIA Multi-Process Service docs (without MPS, kernels of different processes do "
+           "not overlap and contexts are swapped): https://docs.nvidia.com/deploy/mps/index.html;"
+           " device_efficiency not measured")
+DEVICE_MODELS = {model.name: model for model in (CPU, GPU)}
+
+
+def device_model(name_or_model: str | DeviceModel, device_efficiency: float | None = None
+                 ) -> DeviceModel:
+    """The named model (a clear error for an unknown name), with device_efficiency replaced
+    when one is given."""
+    if isinstance(name_or_model, DeviceModel):
+        model = name_or_model
+    elif name_or_model in DEVICE_MODELS:
+        model = DEVICE_MODELS[name_or_model]
+    else:
+        raise ValueError(f"unknown device model {name_or_model!r}; choose from "
+                         f"{sorted(DEVICE_MODELS)}")
+    if device_efficiency is None or device_efficiency == model.device_efficiency:
+        return model
+    return dataclasses.replace(model, device_efficiency=device_efficiency)

@@ -1,0 +1,191 @@
+"""Where a crossed step's time goes, from the lease timelines of a comparison's jobs.
+
+Crossing two jobs A and B ideally gives a round (one step of each) of
+max(C_A, M_B) + max(C_B, M_A) with the solo compute C and allreduce M. The measured round is
+longer; this module says by how much and why, for host 0 (where each job's rank 0 saved its
+timeline), by splitting every ms of the device's time into
+
+* each job's holds (compute, apply) — more than their solo holds when the other job's
+  allreduce (Gloo's reduction, TCP, Horovod's and TensorFlow's threads) steals the core;
+* hand-off gaps: nobody holds the device although a job has asked for it (the lease's own
+  latency: wake-up, scheduling);
+* idle: nobody holds it and nobody asks (every job is in its allreduce or between steps) —
+  more than the ideal schedule's idle when allreduces stretch (straggling ranks, a shared link).
+
+With Horovod timelines (compare.py --horovod_timeline) each job's allreduce is split further,
+solo against crossed: waiting for the other ranks (negotiation: a rank on another host is
+still computing or waiting for its device) against the transfer itself (GLOO_ALLREDUCE).
+
+  python -m experiments.attribute --dir=runs/compare    # writes attribution.{json,md}
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, Mapping
+
+import numpy as np
+from absl import app, flags
+
+from crossover_tf_planner.job_stats import LEASE_TAGS, JobStats
+from experiments import config as config_lib
+FLAG_NAMES = ["dir", "trial"]
+
+
+def lease_events(stats: JobStats) -> np.ndarray:
+    """[n, 4] (request, acquired, released, tag) ns: the saved events, or rebuilt from the step
+    phases of stats saved before events were (a compute is taken as requested when the
+    previous step's apply ended, so its wait is an upper bound)."""
+    if stats.lease_events_ns:
+        return np.asarray(stats.lease_events_ns, dtype=np.int64).reshape(-1, 4)
+    p = np.asarray(stats.phases_ns, dtype=np.int64).reshape(-1, 5)
+    compute_request = np.concatenate([p[:1, 0], p[:-1, 4]])
+    compute = np.stack([compute_request, p[:, 0], p[:, 1], np.ones(len(p), np.int64)], axis=1)
+    apply = np.stack([p[:, 2], p[:, 3], p[:, 4], np.full(len(p), 2, np.int64)], axis=1)
+    return np.stack([compute, apply], axis=1).reshape(-1, 4)
+
+
+def device_time(events: Mapping[str, np.ndarray], start_ns: int, end_ns: int
+                ) -> dict[str, float]:
+    """Seconds of [start, end) the device spent in each job's holds (by tag), in hand-off
+    gaps (free while a job waits) and idle (free, nobody waiting)."""
+    if end_ns <= start_ns:
+        raise ValueError("empty attribution window")
+    cuts = {start_ns, end_ns}
+    for e in events.values():
+        cuts.update(int(t) for t in e[:, :3].ravel() if start_ns < t < end_ns)
+    edges = np.array(sorted(cuts), dtype=np.int64)
+    mid, width = (edges[:-1] + edges[1:]) / 2, np.diff(edges) / 1e9
+    held_by = np.full(len(mid), "", dtype=object)
+    waiting = np.zeros(len(mid), dtype=bool)
+    for job, e in events.items():
+        for request, acquired, released, tag in e:
+            released = released or end_ns
+            held_by[(mid >= acquired) & (mid < released)] = f"{job} {LEASE_TAGS.get(int(tag))}"
+            waiting |= (mid >= request) & (mid < acquired)
+    out = {label: float(width[held_by == label].sum()) for label in sorted(set(held_by)) if label}
+    free = held_by == ""
+    out["hand-off gaps"] = float(width[free & waiting].sum())
+    out["idle"] = float(width[free & ~waiting].sum())
+    return out
+
+
+def attribute(crossed: Mapping[str, JobStats], solo: Mapping[str, JobStats],
+              warmup_steps: int) -> dict[str, Any]:
+    """Per round (one step of each job) on host 0: measured and ideal round, the device's
+    time split as in the module docstring against the solo holds, and each job's median
+    allreduce crossed against solo."""
+    if len(crossed) != 2:
+        raise ValueError(f"the round attribution is for a crossed pair, got {len(crossed)} jobs")
+    start = max(s.step_end_ns[warmup_steps] for s in crossed.values())
+    end = min(s.step_end_ns[-1] for s in crossed.values())
+    ends = {job: np.asarray(s.step_end_ns) for job, s in crossed.items()}
+    steps = np.mean([np.count_nonzero((e > start) & (e <= end)) for e in ends.values()])
+    if steps < 1:
+        raise ValueError("the jobs did not overlap for a whole step after warm-up")
+    per_round = {k: v / steps for k, v in
+                 device_time({j: lease_events(s) for j, s in crossed.items()}, start, end).items()}
+    a, b = (solo[job] for job in crossed)
+    ideal = max(a.device_s, b.comm_s) + max(b.device_s, a.comm_s)
+    measured = (end - start) / 1e9 / steps
+    solo_holds = a.device_s + b.device_s
+    holds = sum(v for k, v in per_round.items() if k not in ("hand-off gaps", "idle"))
+    loss = {"holds longer than solo (CPU contention)": holds - solo_holds,
+            "hand-off gaps": per_round["hand-off gaps"],
+            "idle beyond the ideal schedule's": per_round["idle"] - (ideal - solo_holds)}
+    comm = {job: {"solo_ms": 1e3 * solo[job].comm_s, "crossed_ms": 1e3 * s.comm_s,
+                  "wait_for_apply_ms": 1e3 * (s.wait_s or 0.0)}
+            for job, s in crossed.items()}
+    return {"round_ms": 1e3 * measured, "ideal_round_ms": 1e3 * ideal,
+            "loss_ms": 1e3 * (measured - ideal), "rounds": float(steps),
+            "device_ms_per_round": {k: 1e3 * v for k, v in per_round.items()},
+            "solo_holds_ms": {job: 1e3 * solo[job].device_s for job in crossed},
+            "loss_by_cause_ms": {k: 1e3 * v for k, v in loss.items()},
+            "hand-offs_per_round": _handoffs(crossed, start, end) / steps,
+            "allreduce": comm}
+
+
+def _handoffs(crossed: Mapping[str, JobStats], start: int, end: int) -> int:
+    """Acquisitions in the window that followed another job's hold."""
+    holds = sorted((int(e[1]), job) for job, s in crossed.items() for e in lease_events(s)
+                   if start <= e[1] < end)
+    return sum(1 for (_, prev), (_, cur) in zip(holds, holds[1:]) if prev != cur)
+
+
+def from_comparison(result: Mapping[str, Any], trial: int | None = None,
+                    out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
+    """The attribution of one trial (default: the representative one) of a compare.json; with
+    `out_dir` (where compare.py wrote it), also the Horovod timelines found there."""
+    trial = result.get("representative_trial", 0) if trial is None else trial
+    scenarios = result.get("per_trial", [result])[trial]["scenarios"]
+    if "crossover" not in scenarios:
+        raise ValueError("the comparison has no crossover scenario to attribute")
+    crossed = {j: JobStats.from_dict(s) for j, s in scenarios["crossover"]["jobs"].items()}
+    solo = {j: JobStats.from_dict(scenarios[f"solo_{j}"]["jobs"][j]) for j in crossed}
+    warmup = int(result["settings"]["warmup_steps"])
+    out = {"trial": trial, **attribute(crossed, solo, warmup)}
+    if out_dir is not None:
+        out.update(_horovod_phases(pathlib.Path(out_dir) / "tensorboard", trial, crossed, warmup))
+    return out
+
+
+def _horovod_phases(tensorboard: pathlib.Path, trial: int, jobs: Mapping[str, JobStats],
+                    warmup_steps: int) -> dict[str, Any]:
+    """Each job's median allreduce phases from its solo and crossed Horovod timelines."""
+    from experiments import horovod_timeline
+    phases: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        for scenario in ("sequential", "crossover"):
+            path = tensorboard / f"t{trial}_{scenario}" / job / "horovod_timeline.json"
+            if path.exists():
+                phases.setdefault(job, {})[scenario] = horovod_timeline.summary(path,
+                                                                                warmup_steps)
+    return {"horovod": phases} if phases else {}
+
+
+def markdown(attribution: Mapping[str, Any]) -> str:
+    a = attribution
+    lines = [f"Round (one step of each job, host 0): measured {a['round_ms']:.1f} ms, ideal "
+             f"{a['ideal_round_ms']:.1f} ms, loss {a['loss_ms']:.1f} ms "
+             f"({a['hand-offs_per_round']:.2f} hand-offs per round, trial {a['trial']}).", "",
+             "| device time per round | ms |", "|---|---:|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in a["device_ms_per_round"].items()]
+    lines += [f"| (solo holds: {', '.join(f'{j} {v:.1f}' for j, v in a['solo_holds_ms'].items())}"
+              ") | |", "", "| loss by cause | ms per round |", "|---|---:|"]
+    lines += [f"| {k} | {v:+.1f} |" for k, v in a["loss_by_cause_ms"].items()]
+    lines += ["", "| job | allreduce solo (ms) | allreduce crossed (ms) | wait for apply (ms) |",
+              "|---|---:|---:|---:|"]
+    lines += [f"| {j} | {c['solo_ms']:.1f} | {c['crossed_ms']:.1f} | {c['wait_for_apply_ms']:.1f} |"
+              for j, c in a["allreduce"].items()]
+    if a.get("horovod"):
+        lines += ["", "Horovod timeline (rank 0, median ms per step):", "",
+                  "| job | run | negotiate (waiting for other ranks) | allreduce | transfer "
+                  "(GLOO_ALLREDUCE) | total |", "|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {job} | {run} | {p['negotiate_ms']:.1f} | {p['allreduce_ms']:.1f} | "
+                  f"{p['transfer_ms']:.1f} | {p['total_ms']:.1f} |"
+                  for job, runs in a["horovod"].items() for run, p in runs.items()]
+    return "\n".join(lines) + "\n"
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    define = config_lib.flag_definer(flag_values)
+    define(flags.DEFINE_string, "dir", "runs/compare", "A compare.py --out_dir.")
+    define(flags.DEFINE_integer, "trial", None, "Trial to attribute (default: representative).")
+
+
+def run(flag_values: flags.FlagValues = flags.FLAGS,
+        overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    define_flags(flag_values)
+    c = config_lib.resolve(flag_values, FLAG_NAMES, overrides, lambda c: None, "attribute")
+    out = pathlib.Path(c.dir)
+    attribution = from_comparison(json.loads((out / "compare.json").read_text()), c.trial, out)
+    config_lib.write_results(out, "attribution", attribution, markdown(attribution))
+    return attribution
+
+
+main = config_lib.script_main(run)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
