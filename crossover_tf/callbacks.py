@@ -1,6 +1,7 @@
 """Keras callbacks that make model.fit a correct crossover/Horovod job (see strategy.callbacks)."""
 from __future__ import annotations
 
+import resource
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,9 @@ class StepStatistics(keras.callbacks.Callback):
     """Per-step wall time, throughput, loss and lease wait/hold; TensorBoard scalars on rank 0.
 
     Step time is measured between consecutive batch ends, i.e. what a user waits per step,
-    including input and callback overhead. Lease numbers are this step's deltas of the
+    including input and callback overhead; cpu_s is the CPU time the whole process (every
+    thread: TensorFlow's, Horovod's, Gloo's) used in that interval, which is what a step demands
+    of a CPU device shared by time slicing. Lease numbers are this step's deltas of the
     process's lease statistics (zero without a crossover group). `description` (e.g. the job's
     name, lease group and priority) goes to TensorBoard's text tab once, as a table, so the
     runs of several jobs sharing a device can be told apart.
@@ -69,6 +72,7 @@ class StepStatistics(keras.callbacks.Callback):
         self._writer = (tf.summary.create_file_writer(logdir)
                         if logdir and strategy.should_save_summary else None)
         self._last_end: float | None = None
+        self._last_cpu = 0.0
         self._last_lease: dict[str, float] = {}
         self._step = 0
         self.description = dict(description or {})
@@ -83,14 +87,16 @@ class StepStatistics(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._last_end is None:
             self._last_end = time.perf_counter()
+            self._last_cpu = _process_cpu_s()
             self._last_lease = self.strategy.lease_stats()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), _process_cpu_s()
         lease = self.strategy.lease_stats()
         step_time = now - self._last_end
         record = {"step": self._step, "end_ns": time.time_ns(), "step_time_s": step_time,
                   "images_per_s": self.global_batch_size / step_time,
+                  "cpu_s": cpu - self._last_cpu,
                   "lease_wait_s": lease.get("wait_s", 0.0) - self._last_lease.get("wait_s", 0.0),
                   "lease_hold_s": lease.get("hold_s", 0.0) - self._last_lease.get("hold_s", 0.0)}
         for key, value in (logs or {}).items():
@@ -102,9 +108,15 @@ class StepStatistics(keras.callbacks.Callback):
                 for key, value in record.items():
                     if key not in ("step", "end_ns"):
                         tf.summary.scalar(key, value)
-        self._last_end, self._last_lease = now, lease
+        self._last_end, self._last_cpu, self._last_lease = now, cpu, lease
         self._step += 1
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._writer is not None:
             self._writer.flush()
+
+
+def _process_cpu_s() -> float:
+    """User + system CPU seconds of this process so far, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

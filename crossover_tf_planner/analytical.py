@@ -23,9 +23,12 @@ full solo speed on one set of devices).
   communicating takes the device again, so the faster job may do more steps.
 Those are the ``gpu`` device model's policies (device_models.py). On the ``cpu`` model (one
 time-sliced core per host) naive co-location is work-conserving: a round of one step per job
-takes ``max(D_A + D_B + X_A + X_B, M_A + M_B, D_A + M_A + O_A, D_B + M_B + O_B)`` with X the
-CPU time each allreduce takes from the core (``comm_cpu_s``); a shift cannot improve on that;
-crossover is the same round with a hand-off per turn, ``D + h`` in place of D.
+takes ``max(U_A + U_B, M_A + M_B, T_A, T_B)`` with U the CPU seconds a step uses
+(``cpu_demand_s``) and T the solo step; a shift cannot improve on that. Crossover serialises
+the device holds instead, and each hold also carries the CPU the other job's allreduce takes
+meanwhile (X, ``comm_cpu_s``): ``max(D_A + D_B + 2h + X_A + X_B, U_A + U_B, M_A + M_B,
+D_A + h + M_A + O_A, D_B + h + M_B + O_B)``. A hold longer than the CPU it uses (a step that
+waits inside it) is what makes naive win on a CPU.
 
 * crossover_alternating: the per-round formula, i.e. strict A, B alternation
   with the allreduces also taking turns on the link, one step per job per
@@ -66,6 +69,7 @@ class PairTimes:
     device_std_s: np.ndarray
     link_std_s: np.ndarray
     comm_cpu_s: np.ndarray
+    cpu_s: np.ndarray  # CPU demand per step (JobProfile.cpu_demand_s)
 
     @classmethod
     def from_profiles(cls, pairs: Sequence[tuple[JobProfile, JobProfile]]) -> "PairTimes":
@@ -77,7 +81,7 @@ class PairTimes:
 
         return cls(column("device_s"), column("comm_s"), column("other_s"),
                    column("handoff_s"), column("compute_std_s"), column("comm_std_s"),
-                   column("comm_cpu_s"))
+                   column("comm_cpu_s"), column("cpu_demand_s"))
 
     @property
     def period_s(self) -> np.ndarray:
@@ -160,11 +164,13 @@ def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
 def _work_conserving_steps_per_s(times: PairTimes, *, samples: int, seed: int, comm_cpu: bool
                                  ) -> dict[str, np.ndarray]:
     """The policies on a time-sliced core: naive (and any shift) keep the core and links
-    busy whenever a job has work, so one round is the crossed round without hand-offs;
-    crossover adds a hand-off per turn."""
-    free = dataclasses.replace(times, handoff_s=np.zeros_like(times.handoff_s))
-    naive = 1.0 / crossover_round_s(free, samples=samples, seed=seed, comm_cpu=comm_cpu)
-    crossed = 1.0 / crossover_round_s(times, samples=samples, seed=seed, comm_cpu=comm_cpu)
+    busy whenever a job has work, so a round (one step of each) is bounded only by the CPU both
+    steps use, the link both allreduces use and each job's own step; crossover serialises the
+    holds (crossover_round_s) and is bounded by the same CPU work."""
+    cpu = times.cpu_s.sum(axis=1)
+    naive = 1.0 / np.maximum.reduce([cpu, times.link_s.sum(axis=1), times.period_s.max(axis=1)])
+    crossed = 1.0 / np.maximum(
+        crossover_round_s(times, samples=samples, seed=seed, comm_cpu=comm_cpu), cpu)
     both = np.ones((1, 2))
     return {"sequential": 0.5 / times.period_s, "naive": naive[:, None] * both,
             "shift": naive[:, None] * both, "crossover": crossed[:, None] * both,
@@ -277,8 +283,7 @@ def predict_pair(a: JobProfile, b: JobProfile, **kwargs: Any) -> PairPrediction:
     return predict_pairs([(a, b)], **kwargs)[0]
 
 
-def fifo_round_s(profiles: Sequence[JobProfile], *, handoff: bool = True,
-                 comm_cpu: bool = False) -> float:
+def fifo_round_s(profiles: Sequence[JobProfile], *, cpu: bool = False) -> float:
     """The steady-state step of N jobs crossing in FIFO rounds on the same hosts: each job
     computes once per round, one at a time on each device, and its allreduce overlaps the
     others' compute. Three things bound a round, and the longest one sets it:
@@ -293,17 +298,26 @@ def fifo_round_s(profiles: Sequence[JobProfile], *, handoff: bool = True,
     M/C. N-way crossing pays for unequal jobs (a short-M job fills a long-M job's gap) or jobs
     whose allreduces use different links. Apply and handoff time count as device time.
 
-    ``handoff=False`` drops the hand-offs (naive co-location on a work-conserving core: the
-    same round with nobody handing over); ``comm_cpu`` adds each allreduce's CPU time to the
-    device's work (the cpu device model).
+    ``cpu=True`` is the cpu device model: each hold also carries the CPU the others'
+    allreduces take meanwhile (comm_cpu_s), and the core cannot do more than the CPU all steps
+    use (cpu_demand_s).
     """
     if not profiles:
         raise ValueError("fifo_round_s needs at least one job")
-    device = [p.compute_s + p.apply_s + (p.handoff_s if handoff else 0.0) for p in profiles]
+    device = [p.compute_s + p.apply_s + p.handoff_s for p in profiles]
     comm = [p.comm_s for p in profiles]
     own = [c + m + p.other_s for c, m, p in zip(device, comm, profiles)]
-    stolen = sum(p.comm_cpu_s for p in profiles) if comm_cpu else 0.0
-    return max(sum(device) + stolen, sum(comm), max(own))
+    if not cpu:
+        return max(sum(device), sum(comm), max(own))
+    stolen = sum(p.comm_cpu_s for p in profiles)
+    return max(sum(device) + stolen, sum(p.cpu_demand_s for p in profiles), sum(comm), max(own))
+
+
+def naive_round_s(profiles: Sequence[JobProfile]) -> float:
+    """One step of each of N jobs co-located on a time-sliced core without a lease (the cpu
+    device model): bounded by the CPU the steps use, the shared links and each solo step."""
+    return max(sum(p.cpu_demand_s for p in profiles), sum(p.comm_s for p in profiles),
+               max(p.period_s for p in profiles))
 
 
 def fifo_speedup_over_sequential(profiles: Sequence[JobProfile]) -> float:

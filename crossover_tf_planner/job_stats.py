@@ -61,6 +61,7 @@ class JobStats(json_io.JsonRecord):
     wait_s: float | None = None  # queued behind the peer before the apply
     apply_s: float | None = None  # lease held for the optimizer update
     peak_device_memory_mb: float | None = None  # GPU only: TensorFlow's peak allocation
+    cpu_s: float | None = None  # mean CPU seconds per timed step, the whole process
 
     @property
     def device_s(self) -> float | None:

@@ -9,9 +9,12 @@ A job's training step is modelled as a cycle of three phases:
 * ``other``: whatever is left of the step that uses neither (input pipeline,
   Python overhead); it is ``step - device - link`` when measured.
 
-``comm_cpu_s`` is the CPU time the allreduce itself takes per step (Gloo's reduction, the TCP
-stack, Horovod's and TensorFlow's threads): on a CPU device it competes with the other job's
-compute (device_models.CPU); ``plan.py --mode=calibrate`` measures what it takes.
+On a CPU device (device_models.CPU) two more numbers matter. ``cpu_s`` is all the CPU time a
+step uses (every thread of the process, measured by train.py), which is what the step demands
+of a core shared by time slicing; the device hold can be longer (the hold also covers waits
+that use no CPU). ``comm_cpu_s`` is the part the allreduce itself takes (Gloo's reduction, the
+TCP stack, Horovod's and TensorFlow's threads), which lands inside the other job's hold when
+the jobs cross; ``plan.py --mode=calibrate`` measures what it costs.
 
 Everything downstream (analytical model, simulator, sweep) reads only these
 numbers, so a profile can come from a profiling run or be written by hand.
@@ -29,7 +32,7 @@ from crossover_tf_planner.job_stats import JobStats
 SOURCES = ("measured", "manual", "synthetic")
 
 _TIME_FIELDS = ("compute_s", "comm_s", "compute_std_s", "comm_std_s", "apply_s",
-                "handoff_s", "other_s", "comm_cpu_s")
+                "handoff_s", "other_s", "comm_cpu_s", "cpu_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +51,7 @@ class JobProfile(json_io.JsonRecord):
     handoff_s: float = 0.0
     other_s: float = 0.0
     comm_cpu_s: float = 0.0  # CPU seconds per step the allreduce takes (on the device core)
+    cpu_s: float = 0.0  # CPU seconds per step of the whole process (0: unknown)
     images_per_step: float = 1.0
     source: str = "manual"
 
@@ -70,6 +74,12 @@ class JobProfile(json_io.JsonRecord):
     def device_s(self) -> float:
         """Time per step the job needs the device (compute + apply)."""
         return self.compute_s + self.apply_s
+
+    @property
+    def cpu_demand_s(self) -> float:
+        """CPU seconds a step needs from a shared core: the measured cpu_s, else the device
+        work plus what the allreduce takes."""
+        return self.cpu_s or self.device_s + self.comm_cpu_s
 
     @property
     def period_s(self) -> float:
@@ -105,6 +115,7 @@ def profile_from_train_stats(stats: JobStats, name: str | None = None, *,
     rest = stats.step_time_s - stats.compute_s - stats.comm_s - apply
     return JobProfile(name=name, compute_s=stats.compute_s, comm_s=stats.comm_s, apply_s=apply,
                       handoff_s=handoff_s, other_s=max(0.0, rest), comm_cpu_s=comm_cpu_s,
+                      cpu_s=stats.cpu_s or 0.0,
                       images_per_step=float(stats.global_batch_size), source="measured")
 
 

@@ -103,10 +103,10 @@ def grid_pairs(cm_ratios: Sequence[float], period_ratios: Sequence[float],
     period = base_period_s * np.stack([np.ones_like(pp), pp], axis=1)
     ratio = np.stack([ra, rb], axis=1)
     zeros = np.zeros_like(period)
-    return analytical.PairTimes(device_s=period * ratio / (1 + ratio),
-                                link_s=period / (1 + ratio), other_s=zeros,
+    device = period * ratio / (1 + ratio)
+    return analytical.PairTimes(device_s=device, link_s=period / (1 + ratio), other_s=zeros,
                                 handoff_s=zeros + handoff_s, device_std_s=zeros,
-                                link_std_s=zeros, comm_cpu_s=zeros)
+                                link_std_s=zeros, comm_cpu_s=zeros, cpu_s=device)
 
 
 def run_sweep(cm_ratios: Sequence[float] = DEFAULT_CM_RATIOS,

@@ -22,7 +22,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from crossover_tf_planner.analytical import fifo_round_s, predict_pair, recommend
+from crossover_tf_planner.analytical import fifo_round_s, naive_round_s, predict_pair, recommend
 from crossover_tf_planner.comm_cost import CommCpu
 from crossover_tf_planner.policies import MEASURED
 from crossover_tf_planner.job_stats import JobStats
@@ -165,13 +165,12 @@ def validate_comparison(data_or_path: str | os.PathLike | Mapping[str, Any], *,
 
 def _validate_fifo(profiles: tuple[JobProfile, ...], measured: Mapping[str, float],
                    measured_agg: Mapping[str, float]) -> dict[str, Any]:
-    """N > 2 jobs (equal batches, as compare.py runs them): crossover as FIFO rounds with a
-    hand-off per turn, naive as the same round without them (the cpu model), sequential as
-    one job after another; one step per job per round."""
+    """N > 2 jobs (equal batches, as compare.py runs them) on the cpu model: crossover as FIFO
+    rounds, naive as work-conserving sharing of the core, sequential as one job after
+    another; one step per job per round."""
     sequential_round = sum(p.period_s for p in profiles)
-    rounds = {"sequential": sequential_round,
-              "naive": fifo_round_s(profiles, handoff=False, comm_cpu=True),
-              "crossover": fifo_round_s(profiles, comm_cpu=True)}
+    rounds = {"sequential": sequential_round, "naive": naive_round_s(profiles),
+              "crossover": fifo_round_s(profiles, cpu=True)}
     predicted = {"analytical": {k: sequential_round / r for k, r in rounds.items()}}
     return {"device_model": "cpu", "profiles": [p.to_dict() for p in profiles],
             "normalised_ratios": _ratio_table(predicted, measured),

@@ -55,7 +55,7 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str) -> None:
     per_allreduce = (time.perf_counter() - start) / 3
     # Every rank must run the same number of allreduces: agree on the largest count asked for.
     wanted = min(MAX_ALLREDUCES, max(5, int(seconds / per_allreduce)))
-    count = int(hvd.allreduce(tf.constant(wanted), op=hvd.Max, name="comm_cpu_count"))
+    count = int(hvd.allreduce(tf.constant(float(wanted)), op=hvd.Max, name="comm_cpu_count"))
     wall0, cpu0 = time.perf_counter(), _cpu_s()
     for _ in range(count):
         allreduce(tensor).numpy()

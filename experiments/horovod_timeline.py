@@ -70,9 +70,12 @@ def _per_step(per_tensor: dict[int, list[tuple[str, float, float]]]
     negotiation that ended just before it and the transfers inside it."""
     counts = collections.Counter(sum(name == ALLREDUCE for name, _, _ in s)
                                  for s in per_tensor.values())
+    counts.pop(0, None)  # tensors only broadcast or gathered (the initial weights)
     if not counts:
         return []
-    steps = counts.most_common(1)[0][0]
+    # The gradients: the reduction count that covers the most reductions (not a metric
+    # averaged once at the end, nor a tensor reduced once to line the ranks up).
+    steps = max(counts, key=lambda n: n * counts[n])
     out: list[tuple[list[Span], list[Span], list[Span]]] = [([], [], []) for _ in range(steps)]
     for tensor_spans in per_tensor.values():
         ordered = sorted(tensor_spans, key=lambda s: s[1])

@@ -17,16 +17,19 @@ def sequential_aggregate(jobs: Mapping[str, JobStats]) -> float:
     return images / sum(j.timed_wall_s for j in jobs.values())
 
 
-def concurrent_aggregate(stats: Mapping[str, JobStats],
-                         warmup_steps: int) -> tuple[float, dict[str, float], float]:
+def concurrent_aggregate(stats: Mapping[str, JobStats], warmup_steps: int | Mapping[str, int]
+                         ) -> tuple[float, dict[str, float], float]:
     """Steady state of jobs run together: images per second summed over jobs, counting only
     steps completed while *all* jobs were past warm-up and still running (a job that starts
-    late or finishes early would otherwise be credited with time it ran alone).
+    late or finishes early would otherwise be credited with time it ran alone). warmup_steps
+    may be given per job.
 
     Returns (aggregate images/s, per-job images/s, window seconds).
     """
     ends = {name: np.asarray(s.step_end_ns, dtype=np.int64) for name, s in stats.items()}
-    start = max(e[warmup_steps] for e in ends.values())
+    warmup = (warmup_steps if isinstance(warmup_steps, Mapping)
+              else {name: warmup_steps for name in stats})
+    start = max(e[warmup[name]] for name, e in ends.items())
     stop = min(e[-1] for e in ends.values())
     if stop <= start:
         raise ValueError("jobs did not run concurrently past warm-up; increase --steps")

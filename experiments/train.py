@@ -225,6 +225,7 @@ def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
         jit_compile=bool(model.jit_compile), step_time_s=float(np.median(step_times)),
         images_per_s=float(c.global_batch_size * len(timed) / step_times.sum()),
         timed_wall_s=float(step_times.sum()), start_ns=start_ns, end_ns=end_ns,
+        cpu_s=float(np.mean([r["cpu_s"] for r in timed])),
         losses=[r["loss"] for r in records], step_end_ns=[r["end_ns"] for r in records],
         lease=strategy.lease_stats(), peak_device_memory_mb=_peak_device_memory_mb(),
         **phases)

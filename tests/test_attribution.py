@@ -93,8 +93,12 @@ def _trace(steps: int, negotiate_us: float, transfer_us: float) -> list[dict]:
                        {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": ready + 20, "pid": pid},
                        {"ph": "E", "ts": ready + 20 + transfer_us, "pid": pid},
                        {"ph": "E", "ts": ready + 30 + transfer_us, "pid": pid}]
-    events += [{"ph": "B", "name": "ALLREDUCE", "ts": 5.0, "pid": 3},
-               {"ph": "E", "ts": 6.0, "pid": 3}]
+    for pid in (3, 7, 8):  # metrics averaged once: more tensors than the gradients
+        events += [{"ph": "B", "name": "ALLREDUCE", "ts": 5.0, "pid": pid},
+                   {"ph": "E", "ts": 6.0, "pid": pid}]
+    for pid in (4, 5, 6):  # initial weights, broadcast once: no allreduce at all
+        events += [{"ph": "B", "name": "BROADCAST", "ts": 1.0, "pid": pid},
+                   {"ph": "E", "ts": 2.0, "pid": pid}]
     return events
 
 

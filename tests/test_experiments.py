@@ -127,8 +127,10 @@ def test_train_argv_is_validated_and_round_trips_through_train_flags():
 @pytest.mark.slow
 def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
     result = compare.run(overrides={
-        "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32, "steps": 16,
-        "warmup_steps": 4, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path),
+        # Enough steps (~20 ms each) for the secondary, which compiles on a core the primary
+        # already steps on (about 2.5 s here), to overlap the primary's timed steps.
+        "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32, "steps": 300,
+        "warmup_steps": 10, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path),
         "timeout_s": 300.0, "scenarios": ["sequential", "naive", "crossover", "priority"],
         "secondary_micro_batches": 2, "horovod_timeline": True})
     for name in ("compare.json", "compare.md", "compare.png", "attribution.md"):

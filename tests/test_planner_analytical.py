@@ -1,5 +1,7 @@
 """Analytical pair model against hand-computed cases."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,22 @@ def test_cpu_model_makes_naive_work_conserving_and_charges_comm_cpu():
     assert gpu.recommendation in ("cross", "shift")  # a scheduler pays on a GPU
     with pytest.raises(ValueError, match="unknown device model"):
         analytical.predict_pair(a, b, model="tpu")
+
+
+def test_cpu_model_naive_uses_the_measured_cpu_and_crossover_the_holds():
+    # Each step holds the device 0.5 s but uses only 0.4 s of CPU (it waits inside the hold);
+    # its allreduce takes 0.25 s, 0.02 s of it CPU.
+    a = JobProfile(name="A", compute_s=0.5, comm_s=0.25, comm_cpu_s=0.02, cpu_s=0.4)
+    b = dataclasses.replace(a, name="B")
+    p = analytical.predict_pair(a, b, model="cpu", samples=0)
+    # Naive: the core does 0.8 s of CPU per round; crossover serialises 2 x 0.5 s holds, each
+    # carrying the other's 0.02 s allreduce CPU.
+    assert p.normalised["naive"] == pytest.approx(2 * 0.75 / 0.8)
+    assert p.normalised["crossover"] == pytest.approx(2 * 0.75 / 1.04)
+    assert p.recommendation == "naive"
+    assert a.cpu_demand_s == 0.4 and dataclasses.replace(a, cpu_s=0.0).cpu_demand_s == 0.52
+    # N jobs: the same bounds.
+    from crossover_tf_planner.analytical import fifo_round_s, naive_round_s
+    assert naive_round_s([a, b, a]) == pytest.approx(1.2)
+    assert fifo_round_s([a, b, a], cpu=True) == pytest.approx(1.5 + 0.06)
+    assert fifo_round_s([a, b, a]) == pytest.approx(1.5)

@@ -83,3 +83,18 @@ def test_load_profiles_rejects_duplicate_names(tmp_path):
         JobProfile(name="same", compute_s=0.05, comm_s=0.05).to_json(paths[-1])
     with pytest.raises(ValueError, match="unique"):
         load_profiles(paths)
+
+
+def test_comm_cpu_fit_separates_waiting_from_moving_bytes():
+    from crossover_tf_planner.comm_cost import CommCpu, fit
+    # Idle: 0.1 CPU s over 2 s of waiting; each 4 MB allreduce: 0.5 s wall, 0.065 CPU s,
+    # of which 0.05 * 0.5 = 0.025 is waiting and 0.04 (0.01 per MB) moves the bytes.
+    cost = fit({"idle_cpu_s": 0.1, "idle_wall_s": 2.0, "cpu_s_per_allreduce": 0.065,
+                "wall_s_per_allreduce": 0.5, "megabytes": 4.0})
+    assert cost.cpu_per_wait_s == pytest.approx(0.05)
+    assert cost.cpu_s_per_mb == pytest.approx(0.01)
+    assert cost.comm_cpu_s(comm_s=1.0, megabytes=2.0) == pytest.approx(0.05 + 0.02)
+    assert CommCpu.from_dict(cost.to_dict()) == cost
+    # Less CPU per allreduce than its waiting alone would take: nothing for the bytes.
+    assert fit({"idle_cpu_s": 1.0, "idle_wall_s": 1.0, "cpu_s_per_allreduce": 0.1,
+                "wall_s_per_allreduce": 0.5, "megabytes": 1.0}).cpu_s_per_mb == 0.0
