@@ -12,7 +12,7 @@ timeline), by splitting every ms of the device's time into
 * idle: nobody holds it and nobody asks (every job is in its allreduce or between steps) —
   more than the ideal schedule's idle when allreduces stretch (straggling ranks, a shared link).
 
-With Horovod timelines (compare.py --horovod_timeline) each job's allreduce is split further,
+With Horovod timelines (compare.py --horovod_timelines) each job's allreduce is split further,
 solo against crossed: waiting for the other ranks (negotiation: a rank on another host is
 still computing or waiting for its device) against the transfer itself (GLOO_ALLREDUCE).
 

@@ -76,8 +76,10 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str) -> None:
 
 def measure(bandwidth_mbit: float, megabytes: float = DEFAULT_MB, seconds: float = 10.0,
             idle_s: float = 3.0, num_hosts: int = 2, timeout_s: float = 180.0,
-            log_dir: str = "runs/plan/comm_cpu") -> CommCpu:
-    """Runs the probe as one rank per host of an emulated cluster at `bandwidth_mbit`."""
+            log_dir: str = "runs/plan/comm_cpu", cycle_time_ms: float | None = None
+            ) -> CommCpu:
+    """Runs the probe as one rank per host of an emulated cluster at `bandwidth_mbit`
+    (with HOROVOD_CYCLE_TIME=`cycle_time_ms` when given: the cycle sets the polling cost)."""
     from experiments.cluster import EmulatedCluster
     from experiments.cluster.launch import launch_job, wait_jobs
     if seconds < MIN_RUN_S or idle_s < MIN_RUN_S / 2:
@@ -91,8 +93,9 @@ def measure(bandwidth_mbit: float, megabytes: float = DEFAULT_MB, seconds: float
         out = pathlib.Path(tmp) / "probe.json"
         command = [sys.executable, "-m", "experiments.comm_cpu", str(megabytes), str(seconds),
                    str(idle_s), str(out)]
-        result = wait_jobs([launch_job(cluster, command, job_name="comm_cpu", log_dir=log_dir,
-                                       timeout_s=timeout_s)])["comm_cpu"]
+        env = {} if cycle_time_ms is None else {"HOROVOD_CYCLE_TIME": f"{cycle_time_ms:g}"}
+        result = wait_jobs([launch_job(cluster, command, job_name="comm_cpu", env=env,
+                                       log_dir=log_dir, timeout_s=timeout_s)])["comm_cpu"]
         if not result["ok"]:
             raise RuntimeError(f"comm CPU probe failed (exit codes {result['exit_codes']}, "
                                f"timed out {result['timed_out']}):\n{result['failed_log_tail']}")

@@ -48,7 +48,7 @@ FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", 
               "jit_compile", "bandwidth_mbit", "latency_ms", "num_hosts", "out_dir",
               "timeout_s", "force_localhost", "scenarios", "comm_to_compute", "trials",
               "sweep_comm_to_compute", "calibration_mbit", "calibration_timed_steps", "jobs",
-              "secondary_micro_batches", "comm_cpu_probe", "horovod_timeline"]
+              "secondary_micro_batches", "comm_cpu_probe", "horovod_timelines"]
 SCENARIOS = (*MEASURED, "priority")
 MAX_TRIALS = 20
 MAX_SWEEP_POINTS = 8
@@ -76,7 +76,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            f"Jobs sharing the hosts (2..{len(scenarios.JOB_NAMES)}), named A, B, ...")
     define(flags.DEFINE_integer, "secondary_micro_batches", 4,
            "Priority scenario: micro-batches per step of the secondary job (B).")
-    define(flags.DEFINE_boolean, "horovod_timeline", False,
+    define(flags.DEFINE_boolean, "horovod_timelines", False,
            "Write every job's Horovod timeline (rank 0) next to its stats.json; attribution.md "
            "then splits each allreduce into waiting for the other ranks and the transfer.")
     define(flags.DEFINE_boolean, "comm_cpu_probe", True,

@@ -43,12 +43,21 @@ def resolve(flag_values: absl_flags.FlagValues, names: list[str],
 def flag_definer(flag_values: absl_flags.FlagValues) -> Callable[..., None]:
     """How every experiment script defines its flags: `define(flags.DEFINE_x, name, default,
     help, **extra)` on flag_values, skipping a name another script already defined, so scripts
-    that share flags (seed, out_dir, ...) can be loaded together and define_flags can repeat."""
+    that share flags (seed, out_dir, ...) can be loaded together and define_flags can repeat.
+    A name shared with a different type is an error: a boolean `--x` that is really another
+    script's string flag would swallow the next argument as its value."""
 
     def define(kind: Callable[..., Any], name: str, default: Any, help_text: str,
                **extra: Any) -> None:
         if name not in flag_values:
             kind(name=name, default=default, help=help_text, flag_values=flag_values, **extra)
+            return
+        scratch = absl_flags.FlagValues()
+        kind(name=name, default=default, help=help_text, flag_values=scratch, **extra)
+        if scratch[name].flag_type() != flag_values[name].flag_type():
+            raise ValueError(f"flag --{name} is defined as {flag_values[name].flag_type()} and "
+                             f"again as {scratch[name].flag_type()}: give one of them another "
+                             "name")
 
     return define
 

@@ -65,12 +65,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_float, "calibrate_mbit", 20.0, "calibrate: link bandwidth (Mbit/s).")
     define(flags.DEFINE_float, "calibrate_mb", 4.0, "calibrate: MB per allreduce.")
     define(flags.DEFINE_float, "calibrate_seconds", 10.0, "calibrate: timed allreduces (s).")
+    define(flags.DEFINE_float, "calibrate_cycle_time_ms", None,
+           "calibrate: HOROVOD_CYCLE_TIME for the probe (default: Horovod's, 1 ms).")
 
 
 FLAG_NAMES = ["mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
               "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
               "threshold", "handoff_s", "device_model", "comm_cpu", "calibrate_mbit",
-              "calibrate_mb", "calibrate_seconds"]
+              "calibrate_mb", "calibrate_seconds", "calibrate_cycle_time_ms"]
 
 
 def _check_settings(c: Any) -> None:
@@ -142,7 +144,8 @@ def _calibrate(s: Mapping[str, Any]) -> tuple[dict, str]:
     from experiments import comm_cpu
     measured = comm_cpu.measure(s["calibrate_mbit"], megabytes=s["calibrate_mb"],
                                 seconds=s["calibrate_seconds"],
-                                log_dir=os.path.join(s["out_dir"], "comm_cpu_logs"))
+                                log_dir=os.path.join(s["out_dir"], "comm_cpu_logs"),
+                                cycle_time_ms=s["calibrate_cycle_time_ms"])
     probe = measured.probe
     text = (f"An allreduce costs its core {measured.cpu_per_wait_s:.3f} CPU s per s of waiting "
             f"and {1e3 * measured.cpu_s_per_mb:.2f} CPU ms per MB moved ({probe['allreduces']} "

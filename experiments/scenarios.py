@@ -71,7 +71,7 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
     tensorboard_dir = out / "tensorboard" / run_name
     concurrent = name in CONCURRENT
     extra = job_settings(name, jobs, getattr(c, "secondary_micro_batches", 1))
-    if getattr(c, "horovod_timeline", False):  # rank 0's, next to the job's stats.json
+    if getattr(c, "horovod_timelines", False):  # rank 0's, next to the job's stats.json
         for job in jobs:
             extra[job]["horovod_timeline"] = str(tensorboard_dir / job / "horovod_timeline.json")
     barriers = out / "barriers" / run_name

@@ -132,7 +132,7 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
         "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32, "steps": 300,
         "warmup_steps": 10, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path),
         "timeout_s": 300.0, "scenarios": ["sequential", "naive", "crossover", "priority"],
-        "secondary_micro_batches": 2, "horovod_timeline": True})
+        "secondary_micro_batches": 2, "horovod_timelines": True})
     for name in ("compare.json", "compare.md", "compare.png", "attribution.md"):
         assert (tmp_path / name).stat().st_size > 0, name
     saved = json.loads((tmp_path / "compare.json").read_text())
@@ -192,3 +192,20 @@ def test_compare_three_jobs_crossing_end_to_end(tmp_path):
         assert end <= start, f"jobs {a} and {b} held host 0's device at once"
     assert "job C images/s" in (tmp_path / "compare.md").read_text()
     assert saved["ratios"]["ideal_crossover_over_sequential"] > 1
+
+
+def test_scripts_sharing_flags_agree_on_their_types():
+    """Every script's flags on one FlagValues (as compare.py loads train.py's): a shared name
+    must keep one type, or `--flag` of a boolean could swallow the next argument."""
+    from absl import flags as absl_flags
+
+    from experiments import attribute, config, launch_pair, plan, replan, train
+    flag_values = absl_flags.FlagValues()
+    for script in (compare, train, launch_pair, plan, attribute, replan):
+        script.define_flags(flag_values)
+    flag_values(["prog", "--horovod_timelines", "--out_dir=elsewhere", "--jobs=3"])
+    assert flag_values.horovod_timelines is True and flag_values.out_dir == "elsewhere"
+    assert flag_values.horovod_timeline == ""  # train.py's own (a file name), untouched
+    define = config.flag_definer(flag_values)
+    with pytest.raises(ValueError, match="defined as string and again as bool"):
+        define(absl_flags.DEFINE_boolean, "out_dir", False, "a clash")
