@@ -77,8 +77,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_integer, "secondary_micro_batches", 4,
            "Priority scenario: micro-batches per step of the secondary job (B).")
     define(flags.DEFINE_boolean, "horovod_timelines", False,
-           "Write every job's Horovod timeline (rank 0) next to its stats.json; attribution.md "
-           "then splits each allreduce into waiting for the other ranks and the transfer.")
+           "Profiling only: write every job's Horovod timeline (rank 0) next to its stats.json; "
+           "attribution.md then splits each allreduce into waiting for the other ranks and the "
+           "transfer. Horovod's timeline writer thread spins (a yield loop), taking much of a "
+           "CPU device: the throughput numbers of such a run are not comparable.")
     define(flags.DEFINE_boolean, "comm_cpu_probe", True,
            "Measure what an allreduce costs the shared CPU core (about 30 s, comm_cpu.py) "
            "for the planner's prediction.")
@@ -305,6 +307,9 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     """The comparison (or the sweep, with --sweep_comm_to_compute); returns what it wrote."""
     define_flags(flag_values)
     c = config_lib.resolve(flag_values, FLAG_NAMES, overrides, validate, "compare")
+    if c.horovod_timelines:
+        logging.warning("--horovod_timelines: Horovod's timeline writer spins on rank 0's core; "
+                        "this run profiles, its throughput is not comparable to others")
     out = pathlib.Path(c.out_dir)  # compare_at and calibrate make the directories they use
     if sweep_ratios(c):
         return run_sweep(c, out, sweep_ratios(c))
