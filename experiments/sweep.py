@@ -28,13 +28,15 @@ def _predicted(result: Mapping[str, Any], planner_key: str, model: str) -> float
 
 def recommendations(result: Mapping[str, Any]) -> dict[str, str | None]:
     """The planner's recommendation (the most frequent over trials) and the measured winner:
-    the same rule (analytical.recommend) applied to the median measured ratios."""
+    the same rule (analytical.recommend) applied to the median naive/sequential and the median
+    crossover/naive, the ratio the sweep's headline column shows (a ratio of two medians can
+    disagree with the median of the per-trial ratio when trials are noisy)."""
     predicted = collections.Counter(
         t["planner"]["recommendation"]["predicted"] for t in result.get("per_trial", [result])
         if "recommendation" in t.get("planner", {}))
     ratios = result["ratios"]
-    winner = recommend({"naive": ratios["naive_over_sequential"],
-                        "crossover": ratios["crossover_over_sequential"]})[0]
+    naive = ratios["naive_over_sequential"]
+    winner = recommend({"naive": naive, "crossover": naive * ratios["crossover_over_naive"]})[0]
     return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
             "measured_winner": winner}
 

@@ -487,3 +487,14 @@ def test_replan_rewrites_predictions_from_saved_comparisons(fake_runs, tmp_path)
     assert "Planner (from the solo runs only" in (tmp_path / "ratio_2" / "compare.md").read_text()
     with pytest.raises(ValueError, match="no compare.json"):
         replan.replan(tmp_path / "nowhere")
+
+
+def test_measured_winner_follows_the_median_crossover_over_naive():
+    """Three noisy trials: crossover/naive 1.054, 1.065, 0.941. The median of the ratio says
+    crossing wins by 5.4%, while the ratio of the medians of crossover/sequential and
+    naive/sequential would say naive; the winner follows the ratio the table shows."""
+    result = {"ratios": {"naive_over_sequential": 1.509, "crossover_over_sequential": 1.446,
+                         "crossover_over_naive": 1.054}, "per_trial": []}
+    assert sweep.recommendations(result) == {"predicted": None, "measured_winner": "cross"}
+    result["ratios"]["crossover_over_naive"] = 1.02
+    assert sweep.recommendations(result)["measured_winner"] == "naive"
