@@ -87,11 +87,11 @@ class StepStatistics(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._last_end is None:
             self._last_end = time.perf_counter()
-            self._last_cpu = _process_cpu_s()
+            self._last_cpu = process_cpu_s()
             self._last_lease = self.strategy.lease_stats()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        now, cpu = time.perf_counter(), _process_cpu_s()
+        now, cpu = time.perf_counter(), process_cpu_s()
         lease = self.strategy.lease_stats()
         step_time = now - self._last_end
         record = {"step": self._step, "end_ns": time.time_ns(), "step_time_s": step_time,
@@ -116,7 +116,7 @@ class StepStatistics(keras.callbacks.Callback):
             self._writer.flush()
 
 
-def _process_cpu_s() -> float:
+def process_cpu_s() -> float:
     """User + system CPU seconds of this process so far, all threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime

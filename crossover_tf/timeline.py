@@ -16,12 +16,22 @@ PHASE_COLUMNS = ("compute_start", "compute_end", "comm_end", "apply_start", "app
 
 def step_phases(events: np.ndarray | list) -> np.ndarray:
     """[steps, 5] wall-clock ns: compute_start, compute_end (= comm start), comm_end (apply
-    requested), apply_start (apply acquired), apply_end. Only complete steps are returned."""
+    requested), apply_start (apply acquired), apply_end. Only complete steps are returned.
+
+    A job in micro-batches (a secondary in priority mode) holds the device once per
+    micro-batch before its one allreduce: its compute phase runs from the first micro-batch's
+    acquire to the last one's release (holds of a primary between them included), not just
+    the last micro-batch."""
     events = np.asarray(events, dtype=np.int64).reshape(-1, 4)
-    rows = []
-    for compute, apply in zip(events[:-1], events[1:]):
-        if compute[3] == TAG_COMPUTE and apply[3] == TAG_APPLY and compute[2] and apply[2]:
-            rows.append((compute[1], compute[2], apply[0], apply[1], apply[2]))
+    rows, first_acquired, last_released = [], None, None
+    for request, acquired, released, tag in events:
+        if tag == TAG_COMPUTE and released:
+            first_acquired = acquired if first_acquired is None else first_acquired
+            last_released = released
+            continue
+        if tag == TAG_APPLY and released and first_acquired is not None:
+            rows.append((first_acquired, last_released, request, acquired, released))
+        first_acquired = last_released = None
     return np.asarray(rows, dtype=np.int64).reshape(-1, len(PHASE_COLUMNS))
 
 

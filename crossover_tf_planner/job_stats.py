@@ -4,8 +4,9 @@ The comparison (experiments/compare.py, throughput.py) and the planner (profile,
 read this one typed record, so a field means the same everywhere. Plain Python, no TensorFlow.
 
 Time per step is split into distinct names: ``compute_s`` is the lease hold for forward and
-backward only, ``apply_s`` the hold for the optimizer update, and ``device_s`` their sum (all
-the time a step needs the device).
+backward only (in micro-batches: from the first one's acquire to the last one's release),
+``apply_s`` the hold for the optimizer update, and ``device_s`` their sum (all the time a step
+needs the device).
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import resource
 import sys
 import tempfile
 import time
@@ -35,16 +34,13 @@ class NotShaped(RuntimeError):
     """The cluster fell back to unshaped localhost: no link to measure the cost on."""
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)  # all threads: Horovod's, Gloo's, TF's
-    return usage.ru_utime + usage.ru_stime
-
-
 def worker(megabytes: float, seconds: float, idle_s: float, out: str) -> None:
     """One rank: timed allreduces of `megabytes`, then one allreduce whose peer arrives
     `idle_s` late; rank 0 writes the measurements to `out`."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
+
+    from crossover_tf.callbacks import process_cpu_s as _cpu_s  # all threads: Horovod's, Gloo's
 
     hvd.init()
     tensor = tf.ones([max(1, int(megabytes * 2**20 / 4))], tf.float32)

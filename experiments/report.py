@@ -7,7 +7,7 @@ import numpy as np
 
 from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.policies import MEASURED
-from experiments import trials
+from experiments import attribute, trials
 
 CONCURRENT_ORDER = (*MEASURED[1:], "priority")
 
@@ -93,6 +93,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         from crossover_tf_planner import validate
         lines += ["", "Planner (from the solo runs only; the representative trial):", "",
                   validate.to_markdown(result["planner"])]
+        if n_trials > 1 and {"naive_over_sequential", "crossover_over_naive"} <= set(spreads):
+            recommended, winner = trials.verdict_cells(trials.verdict(result))
+            lines.append(f"Over all {n_trials} trials: recommended **{recommended}**; measured "
+                         f"winner from the medians: **{winner}**.")
     return "\n".join(lines) + "\n"
 
 
@@ -167,11 +171,9 @@ def _timeline_panel(ax: Any, leased: Mapping[str, JobStats], max_steps: int) -> 
         phases = np.asarray(stats.phases_ns, dtype=np.int64).reshape(-1, 5)[-max_steps:]
         if not len(phases):
             continue
-        events = np.asarray(stats.lease_events_ns, dtype=np.int64).reshape(-1, 4)
+        events = attribute.lease_events(stats)
         events = events[(events[:, 1] >= phases[0, 0]) & (events[:, 2] > 0)]
-        holds = (events[:, 1:3] if len(events)
-                 else np.concatenate([phases[:, 0:2], phases[:, 3:5]]))
-        lanes[job] = (holds, phases[:, 1:3])
+        lanes[job] = (events[:, 1:3], phases[:, 1:3])
     if not lanes:
         return
     origin = min(min(h[:, 0].min(), c[:, 0].min()) for h, c in lanes.values())

@@ -5,11 +5,9 @@ Rows come from compare.json results (one per asked-for ratio); pure formatting, 
 """
 from __future__ import annotations
 
-import collections
 import statistics
 from typing import Any, Mapping, Sequence
 
-from crossover_tf_planner.analytical import recommend
 from experiments import report, trials
 
 # compare.json ratio key -> the planner report's key for the same ratio.
@@ -26,21 +24,6 @@ def _predicted(result: Mapping[str, Any], planner_key: str, model: str) -> float
     return statistics.median(values) if values else None
 
 
-def recommendations(result: Mapping[str, Any]) -> dict[str, str | None]:
-    """The planner's recommendation (the most frequent over trials) and the measured winner:
-    the same rule (analytical.recommend) applied to the median naive/sequential and the median
-    crossover/naive, the ratio the sweep's headline column shows (a ratio of two medians can
-    disagree with the median of the per-trial ratio when trials are noisy)."""
-    predicted = collections.Counter(
-        t["planner"]["recommendation"]["predicted"] for t in result.get("per_trial", [result])
-        if "recommendation" in t.get("planner", {}))
-    ratios = result["ratios"]
-    naive = ratios["naive_over_sequential"]
-    winner = recommend({"naive": naive, "crossover": naive * ratios["crossover_over_naive"]})[0]
-    return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
-            "measured_winner": winner}
-
-
 def row(result: Mapping[str, Any]) -> dict[str, Any]:
     """One sweep point from a comparison result: asked and achieved M/C, the bandwidth, per
     ratio the measured spread and each model's prediction, and the recommendations."""
@@ -53,7 +36,7 @@ def row(result: Mapping[str, Any]) -> dict[str, Any]:
             **{key: {"measured": spreads[key],
                      **{model: _predicted(result, planner_key, model) for model in MODELS}}
                for key, planner_key in RATIOS.items()},
-            "recommendation": recommendations(result)}
+            "recommendation": trials.verdict(result)}
 
 
 def _prediction(value: float | None) -> str:
@@ -73,8 +56,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         for key in RATIOS:
             cells += [report.with_spread(r[key]["measured"]),
                       " / ".join(_prediction(r[key][m]) for m in MODELS)]
-        chosen = r.get("recommendation", {})
-        cells += [chosen.get("predicted") or "—", chosen.get("measured_winner") or "—"]
+        cells += [*trials.verdict_cells(r.get("recommendation", {}))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

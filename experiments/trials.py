@@ -6,9 +6,11 @@ drift hit all scenarios; the spread across trials says how far a ratio can be tr
 """
 from __future__ import annotations
 
+import collections
 import statistics
 from typing import Any, Mapping, Sequence
 
+from crossover_tf_planner.analytical import recommend
 from crossover_tf_planner.job_stats import JobStats
 
 # The ratio that picks the representative trial (the one whose scenarios compare.json shows).
@@ -58,3 +60,37 @@ def combine(per_trial: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "ratio_spread": ratio_spread,
             "achieved_comm_to_compute": spread([comm_to_compute(t) for t in per_trial]),
             "per_trial": list(per_trial)}
+
+
+def verdict(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The planner's recommendation (the most frequent over trials) against the measured
+    winner: analytical.recommend on the median naive/sequential and the median
+    crossover/naive, the ratio the tables show (a ratio of two medians can disagree with the
+    median of the per-trial ratio when trials are noisy). Each trial's own winner is counted
+    beside it, so a winner that only some trials agree on reads as the noise it is."""
+    per_trial = result.get("per_trial") or [result]
+    predicted = collections.Counter(
+        t["planner"]["recommendation"]["predicted"] for t in per_trial
+        if "recommendation" in t.get("planner", {}))
+    ratios = result["ratios"]
+    naive = ratios["naive_over_sequential"]
+    winner = recommend({"naive": naive, "crossover": naive * ratios["crossover_over_naive"]})[0]
+    trial_winners = collections.Counter(
+        recommend({"naive": t["ratios"]["naive_over_sequential"],
+                   "crossover": t["ratios"]["crossover_over_sequential"]})[0]
+        for t in per_trial if "crossover_over_sequential" in t.get("ratios", {}))
+    return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
+            "measured_winner": winner, "trial_winners": dict(trial_winners.most_common())}
+
+
+def verdict_cells(chosen: Mapping[str, Any]) -> tuple[str, str]:
+    """Markdown cells of a verdict: the recommendation, and the measured winner with how many
+    trials it won (e.g. "cross (2 of 3 trials; naive 1)")."""
+    winner = chosen.get("measured_winner")
+    if not winner:
+        return chosen.get("predicted") or "—", "—"
+    counts = chosen.get("trial_winners") or {}
+    if counts:
+        others = "".join(f"; {w} {n}" for w, n in counts.items() if w != winner)
+        winner += f" ({counts.get(winner, 0)} of {sum(counts.values())} trials{others})"
+    return chosen.get("predicted") or "—", winner

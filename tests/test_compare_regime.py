@@ -277,7 +277,10 @@ def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, 
     # The planner charged it: 0.05 CPU s per s of M = 200 ms plus 0.004 per 0.625 MB.
     assert saved["planner"]["profiles"][0]["comm_cpu_s"] == pytest.approx(
         0.05 * 0.2 + 0.004 * 0.625)
-    assert "1.400 [1.200–1.600]" in (tmp_path / "compare.md").read_text()
+    markdown = (tmp_path / "compare.md").read_text()
+    assert "1.400 [1.200–1.600]" in markdown
+    assert re.search(r"Over all 3 trials: recommended \*\*\w+\*\*; measured winner from the "
+                     r"medians: \*\*\w+ \(\d of 3 trials", markdown)
     assert (tmp_path / "compare.png").stat().st_size > 0
     assert result["ratios"] == saved["ratios"]
 
@@ -333,7 +336,8 @@ def test_sweep_calibrates_once_and_writes_one_table_and_plot(fake_runs, tmp_path
         assert (tmp_path / f"ratio_{ratio}" / "compare.json").exists()
     table = (tmp_path / "sweep.md").read_text()
     assert table.count("\n") == 2 + 2 and "| 0.5 | 0.50 |" in table
-    assert "| naive | cross |" in table  # the cpu model recommends naive; 1.4x was measured
+    # The cpu model recommends naive; crossover won 1.4x in both trials.
+    assert "| naive | cross (2 of 2 trials) |" in table
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1][
         "crossover_over_naive"]["analytical"] > 0
     assert (tmp_path / "sweep.png").stat().st_size > 0
@@ -493,8 +497,16 @@ def test_measured_winner_follows_the_median_crossover_over_naive():
     """Three noisy trials: crossover/naive 1.054, 1.065, 0.941. The median of the ratio says
     crossing wins by 5.4%, while the ratio of the medians of crossover/sequential and
     naive/sequential would say naive; the winner follows the ratio the table shows."""
+    per_trial = [{"ratios": {"naive_over_sequential": naive, "crossover_over_sequential": cross},
+                  "planner": {"recommendation": {"predicted": "naive"}}}
+                 for naive, cross in ((1.513, 1.594), (1.358, 1.446), (1.509, 1.420))]
     result = {"ratios": {"naive_over_sequential": 1.509, "crossover_over_sequential": 1.446,
-                         "crossover_over_naive": 1.054}, "per_trial": []}
-    assert sweep.recommendations(result) == {"predicted": None, "measured_winner": "cross"}
+                         "crossover_over_naive": 1.054}, "per_trial": per_trial}
+    assert trials.verdict(result) == {"predicted": "naive", "measured_winner": "cross",
+                                      "trial_winners": {"cross": 2, "naive": 1}}
+    assert trials.verdict_cells(trials.verdict(result)) == (
+        "naive", "cross (2 of 3 trials; naive 1)")
     result["ratios"]["crossover_over_naive"] = 1.02
-    assert sweep.recommendations(result)["measured_winner"] == "naive"
+    assert trials.verdict(result)["measured_winner"] == "naive"
+    assert trials.verdict_cells(trials.verdict(result))[1] == "naive (1 of 3 trials; cross 2)"
+    assert trials.verdict_cells({"predicted": "naive"}) == ("naive", "—")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import run_bounded
+from crossover_tf import timeline
 from crossover_tf.lease import TAG_APPLY, TAG_COMPUTE
 
 WORKER = str(pathlib.Path(__file__).with_name("priority_worker.py"))
@@ -34,6 +35,25 @@ def test_micro_batched_secondary_equals_the_full_batch(tmp_path: pathlib.Path, l
         np.testing.assert_allclose(w_micro, w_full, rtol=1e-6, atol=1e-6)
     tags = np.asarray(micro["timeline"])[:, 3]
     assert (tags == TAG_COMPUTE).sum() == 4 * 16 and (tags == TAG_APPLY).sum() == 16  # +warm-up
+    events = np.asarray(micro["timeline"])
+    phases = timeline.step_phases(events)
+    assert len(phases) == 16  # one step each, its compute from the first micro-batch's acquire
+    assert phases[:, 0].tolist() == events[tags == TAG_COMPUTE][::4, 1].tolist()
+
+
+def test_step_phases_span_every_micro_batch() -> None:
+    """Two micro-batches (10-20, 25-35 ms) then the apply: the step computes 10-35 ms. A
+    primary's hold between them is inside the span; an unfinished step is left out."""
+    ms = 1_000_000
+    events = [[5 * ms, 10 * ms, 20 * ms, TAG_COMPUTE], [20 * ms, 25 * ms, 35 * ms, TAG_COMPUTE],
+              [60 * ms, 62 * ms, 65 * ms, TAG_APPLY], [65 * ms, 70 * ms, 80 * ms, TAG_COMPUTE],
+              [80 * ms, 81 * ms, 90 * ms, TAG_COMPUTE], [95 * ms, 96 * ms, 0, TAG_APPLY]]
+    phases = timeline.step_phases(events)
+    assert (phases // ms).tolist() == [[10, 35, 60, 62, 65]]
+    durations = timeline.phase_durations(phases)
+    assert durations["compute_s"][0] == pytest.approx(0.025)
+    assert durations["comm_s"][0] == pytest.approx(0.025)
+    assert timeline.step_phases([[0, 1, 2, TAG_APPLY]]).shape == (0, 5)  # an apply alone
 
 
 def _holds(timeline: list[list[int]]) -> np.ndarray:
