@@ -12,7 +12,9 @@ Modes (``--mode``):
 * ``validate``: a ``--comparison`` JSON from experiments/compare.py -> predicted
   vs measured ratios with % errors (``--comm_cpu`` adds a calibrate.json's CPU cost);
 * ``calibrate``: about a minute on the emulated cluster (root) measuring what an allreduce
-  costs the CPU core it shares with another job's compute (experiments/comm_cpu.py).
+  costs the CPU core it shares with another job's compute (experiments/comm_cpu.py);
+* ``link_sharing``: about two minutes on the emulated cluster (root): two jobs' allreduces
+  at once against one job's alone, i.e. whether the link shares evenly (comm_cpu.py).
 
 ``--device_model`` says how jobs share a device without a scheduler (device_models.py):
 ``gpu`` (time-sliced contexts, random phases) for recommend and pair, ``cpu`` (one
@@ -33,7 +35,7 @@ from crossover_tf_planner import analytical, cluster_sim, pairing, profile, swee
 from crossover_tf_planner.device_models import DEVICE_MODELS
 from experiments import config as config_lib
 
-MODES = ("recommend", "pair", "simulate", "sweep", "validate", "calibrate")
+MODES = ("recommend", "pair", "simulate", "sweep", "validate", "calibrate", "link_sharing")
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -62,9 +64,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            enum_values=sorted(DEVICE_MODELS))
     define(flags.DEFINE_string, "comm_cpu", None,
            "validate: a calibrate.json whose allreduce CPU cost the cpu model charges.")
-    define(flags.DEFINE_float, "calibrate_mbit", 20.0, "calibrate: link bandwidth (Mbit/s).")
-    define(flags.DEFINE_float, "calibrate_mb", 4.0, "calibrate: MB per allreduce.")
-    define(flags.DEFINE_float, "calibrate_seconds", 10.0, "calibrate: timed allreduces (s).")
+    define(flags.DEFINE_float, "calibrate_mbit", 20.0,
+           "calibrate, link_sharing: link bandwidth (Mbit/s).")
+    define(flags.DEFINE_float, "calibrate_mb", 4.0, "calibrate, link_sharing: MB per allreduce.")
+    define(flags.DEFINE_float, "calibrate_seconds", 10.0,
+           "calibrate, link_sharing: timed allreduces of one job alone (s).")
     define(flags.DEFINE_float, "calibrate_cycle_time_ms", None,
            "calibrate: HOROVOD_CYCLE_TIME for the probe (default: Horovod's, 1 ms).")
 
@@ -155,8 +159,23 @@ def _calibrate(s: Mapping[str, Any]) -> tuple[dict, str]:
     return measured.to_dict(), text
 
 
+def _link_sharing(s: Mapping[str, Any]) -> tuple[dict, str]:
+    from experiments import comm_cpu
+    measured = comm_cpu.measure_sharing(
+        s["calibrate_mbit"], megabytes=s["calibrate_mb"], seconds=s["calibrate_seconds"],
+        log_dir=os.path.join(s["out_dir"], "link_sharing_logs"))
+    shared = ", ".join(f"{1e3 * v:.1f}" for v in measured["shared_s_per_allreduce"].values())
+    text = (f"Allreduces of {measured['megabytes']:.2f} MB at {s['calibrate_mbit']:g} Mbit/s: "
+            f"{1e3 * measured['solo_s_per_allreduce']:.1f} ms each for one job alone, {shared} "
+            f"ms for two jobs at once ({measured['overlap_s']:.1f} s together). Combined "
+            f"throughput over one job's alone: {measured['combined_throughput']:.2f} (1: the "
+            f"link splits evenly).")
+    return measured, text
+
+
 _HANDLERS = {"recommend": _recommend, "pair": _pair, "simulate": _simulate,
-             "sweep": _sweep, "validate": _validate, "calibrate": _calibrate}
+             "sweep": _sweep, "validate": _validate, "calibrate": _calibrate,
+             "link_sharing": _link_sharing}
 
 
 def run(flag_values: Any = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

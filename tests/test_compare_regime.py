@@ -510,3 +510,23 @@ def test_measured_winner_follows_the_median_crossover_over_naive():
     assert trials.verdict(result)["measured_winner"] == "naive"
     assert trials.verdict_cells(trials.verdict(result))[1] == "naive (1 of 3 trials; cross 2)"
     assert trials.verdict_cells({"predicted": "naive"}) == ("naive", "—")
+
+
+# -- link sharing probe ----------------------------------------------------------------------------
+def test_link_sharing_counts_only_the_allreduces_both_jobs_overlapped():
+    """Alone 0.4 s per allreduce; together 0.8 s each while both run (the link split evenly:
+    combined throughput 1.0). Job a's last allreduces, after b finished, run alone at 0.4 s
+    and must not count."""
+    from experiments import comm_cpu
+    solo = {"megabytes": 1.0, "wall_s_per_allreduce": 0.4}
+    a_ends = [100.0 + 0.8 * k for k in range(1, 21)] + [116.0 + 0.4 * k for k in range(1, 6)]
+    b_ends = [100.5 + 0.8 * k for k in range(1, 20)]
+    shared = {"a": {"started_s": 100.0, "ends_s": a_ends},
+              "b": {"started_s": 100.5, "ends_s": b_ends}}
+    out = comm_cpu.sharing(solo, shared)
+    assert out["shared_s_per_allreduce"] == pytest.approx({"a": 0.8, "b": 0.8})
+    assert out["combined_throughput"] == pytest.approx(1.0)
+    assert out["overlap_s"] == pytest.approx(b_ends[-1] - 100.5)
+    shared["b"]["ends_s"] = [100.6]  # b barely started: nothing to compare
+    with pytest.raises(RuntimeError, match="too little overlap"):
+        comm_cpu.sharing(solo, shared)
