@@ -91,13 +91,16 @@ def _run_jobs(cluster: EmulatedCluster, config: Mapping[str, Any]) -> dict[str, 
 
 
 def run_jobs(cluster: EmulatedCluster, jobs: Mapping[str, list[str]], *, mode: str,
-             log_dir: str, timeout_s: float) -> dict[str, dict]:
+             log_dir: str, timeout_s: float, env: Mapping[str, str] | None = None
+             ) -> dict[str, dict]:
     """Runs the named jobs on an existing cluster together (concurrent) or in order, within
-    one overall time budget; returns wait_jobs' per-job results."""
+    one overall time budget, every rank with `env` added; returns wait_jobs' per-job
+    results."""
     deadline = time.monotonic() + timeout_s
 
     def start(name: str):
-        return launch_job(cluster, jobs[name], job_name=name, env={"CROSSOVER_JOB": name},
+        return launch_job(cluster, jobs[name], job_name=name,
+                          env={**(env or {}), "CROSSOVER_JOB": name},
                           log_dir=log_dir, timeout_s=deadline - time.monotonic())
 
     if mode == "concurrent":

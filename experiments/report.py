@@ -9,12 +9,14 @@ from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.policies import MEASURED
 from experiments import attribute, trials
 
-CONCURRENT_ORDER = (*MEASURED[1:], "priority")
+CONCURRENT_ORDER = (*MEASURED[1:], "crossover_env", "priority")
 
 RATIO_ROWS = (("crossover_over_sequential", "crossover / sequential"),
               ("crossover_over_naive", "crossover / naive"),
               ("ideal_crossover_over_sequential", "ideal (from solo C, M)"),
               ("measured_over_ideal", "measured / ideal"),
+              ("crossover_env_over_crossover", "crossover with --crossover_env / crossover"),
+              ("crossover_env_over_naive", "crossover with --crossover_env / naive"),
               ("primary_over_solo", "priority: primary / its solo run"),
               ("primary_over_naive", "priority: primary / primary in naive"),
               ("secondary_over_naive", "priority: secondary / secondary in naive"),
@@ -147,7 +149,8 @@ def _ratio_panel(ax: Any, result: Mapping[str, Any]) -> None:
     spreads = result.get("ratio_spread") or {
         k: trials.spread([v]) for k, v in result["ratios"].items()}
     keys = [k for k in ("crossover_over_sequential", "crossover_over_naive",
-                        "naive_over_sequential", "primary_over_solo", "secondary_over_naive")
+                        "naive_over_sequential", "crossover_env_over_crossover",
+                        "primary_over_solo", "secondary_over_naive")
             if k in spreads]
     for i, key in enumerate(keys):
         s = spreads[key]

@@ -4,12 +4,15 @@ Kept apart from compare.py, which decides what to run (calibration, trials, swee
 knows how: each rank's train.py command, lease groups, start barriers, logs, failures.
 
 Scenarios: sequential (each job alone, one after another), naive (all together, no lease),
-crossover (all together on one lease group, FIFO turns) and priority (two jobs on one lease
-group: the first is the primary, the second a secondary split into micro-batches).
+crossover (all together on one lease group, FIFO turns), crossover_env (crossover with extra
+environment variables for every rank, e.g. HOROVOD_CYCLE_TIME=5: a runtime setting measured in
+the same interleaved trials as plain crossover) and priority (two jobs on one lease group: the
+first is the primary, the second a secondary split into micro-batches).
 """
 from __future__ import annotations
 
 import pathlib
+import re
 import shlex
 import shutil
 import uuid
@@ -20,7 +23,21 @@ from absl import logging
 from crossover_tf_planner.job_stats import JobStats
 
 JOB_NAMES = "ABCD"  # compare.py runs 2..4 jobs, named in this order
-CONCURRENT = ("naive", "crossover", "priority")
+CONCURRENT = ("naive", "crossover", "crossover_env", "priority")
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def parse_env(assignments: Sequence[str]) -> dict[str, str]:
+    """KEY=VALUE strings (compare.py's --crossover_env) as a dict; a clear error for anything
+    that is not an environment assignment, or for a key given twice."""
+    env: dict[str, str] = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_NAME.fullmatch(key) or key in env:
+            raise ValueError(f"crossover_env takes distinct KEY=VALUE environment assignments "
+                             f"(KEY in capitals), got {item!r}")
+        env[key] = value
+    return env
 
 
 def job_names(count: int) -> tuple[str, ...]:
@@ -59,15 +76,17 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
                  ) -> dict[str, JobStats]:
     """Runs the jobs of scenario `name` (sequential: one after the other, each holding an
     uncontended lease so its timeline gives C and M; naive: together without a lease;
-    crossover: together sharing one; priority: together sharing one, as primary and
-    secondaries). TensorBoard runs, logs and barriers go under `run_name` (default: the
-    scenario's name). Returns each job's rank-0 stats.json contents."""
+    crossover: together sharing one; crossover_env: the same with --crossover_env in every
+    rank's environment; priority: together sharing one, as primary and secondaries).
+    TensorBoard runs, logs and barriers go under `run_name` (default: the scenario's name).
+    Returns each job's rank-0 stats.json contents."""
     from experiments import launch_pair
     if name not in ("sequential", *CONCURRENT):
         raise ValueError(f"unknown scenario {name!r}; choose from sequential, "
                          f"{', '.join(CONCURRENT)}")
     run_name = run_name or name
     group = {"naive": ""}.get(name, f"xo{uuid.uuid4().hex[:8]}")
+    env = parse_env(getattr(c, "crossover_env", [])) if name == "crossover_env" else {}
     tensorboard_dir = out / "tensorboard" / run_name
     concurrent = name in CONCURRENT
     extra = job_settings(name, jobs, getattr(c, "secondary_micro_batches", 1))
@@ -80,10 +99,12 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
     commands = {job: train_command(c, job, group, str(tensorboard_dir), steps=steps, barrier=(
         f"{barriers}:{len(jobs) * c.num_hosts}" if concurrent else ""), extra=extra[job])
         for job in jobs}
-    logging.info("scenario %s: %s", run_name, " ".join(map(shlex.quote, commands[jobs[0]])))
+    logging.info("scenario %s: %s%s", run_name, "".join(f"{k}={v} " for k, v in env.items()),
+                 " ".join(map(shlex.quote, commands[jobs[0]])))
     results = launch_pair.run_jobs(cluster, commands,
                                    mode="concurrent" if concurrent else "sequential",
-                                   log_dir=str(out / "logs" / run_name), timeout_s=c.timeout_s)
+                                   log_dir=str(out / "logs" / run_name), timeout_s=c.timeout_s,
+                                   env=env)
     if group:
         from experiments.cluster import remove_lease_segments
         remove_lease_segments([group])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import pathlib
 import re
 
 import pytest
@@ -123,7 +124,9 @@ def _scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
     return {"sequential": {j: _stats(j, solo, compute_s, comm_s) for j in "AB"},
             "naive": {j: _stats(j, 2 * solo / 1.2, compute_s, comm_s) for j in "AB"},
             "crossover": {j: _stats(j, 2 * solo / crossover_speedup, compute_s, comm_s)
-                          for j in "AB"}}
+                          for j in "AB"},
+            "crossover_env": {j: _stats(j, 2 * solo / (1.05 * crossover_speedup), compute_s,
+                                        comm_s) for j in "AB"}}
 
 
 def _trial_results(speedups: list[float]) -> list[dict]:
@@ -530,3 +533,57 @@ def test_link_sharing_counts_only_the_allreduces_both_jobs_overlapped():
     shared["b"]["ends_s"] = [100.6]  # b barely started: nothing to compare
     with pytest.raises(RuntimeError, match="too little overlap"):
         comm_cpu.sharing(solo, shared)
+
+
+# -- a runtime setting side by side (crossover_env) -----------------------------------------------
+ENV_SCENARIOS = ["sequential", "naive", "crossover", "crossover_env"]
+
+
+def test_crossover_env_runs_interleaved_and_reports_its_ratio(fake_runs, tmp_path):
+    result = compare.run(overrides={
+        "scenarios": ENV_SCENARIOS, "crossover_env": ["HOROVOD_CYCLE_TIME=5"], "trials": 2,
+        "bandwidth_mbit": 50.0, "comm_cpu_probe": False, "out_dir": str(tmp_path)})
+    assert fake_runs == ["t0_sequential", "t0_naive", "t0_crossover", "t0_crossover_env",
+                         "t1_naive", "t1_crossover", "t1_crossover_env", "t1_sequential"]
+    assert result["ratios"]["crossover_env_over_crossover"] == pytest.approx(1.05)
+    assert result["settings"]["crossover_env"] == ["HOROVOD_CYCLE_TIME=5"]
+    markdown = (tmp_path / "compare.md").read_text()
+    assert "| crossover with --crossover_env / crossover | 1.050 [1.050–1.050] |" in markdown
+    assert "| crossover_env |" in markdown
+    assert (tmp_path / "compare.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"scenarios": ENV_SCENARIOS}, "go together"),
+    ({"crossover_env": ["HOROVOD_CYCLE_TIME=5"]}, "go together"),
+    ({"scenarios": ENV_SCENARIOS, "crossover_env": ["cycle=5"]}, "KEY=VALUE"),
+    ({"scenarios": ENV_SCENARIOS, "crossover_env": ["HOROVOD_CYCLE_TIME"]}, "KEY=VALUE"),
+    ({"scenarios": ENV_SCENARIOS, "crossover_env": ["A=1", "A=2"]}, "distinct"),
+])
+def test_crossover_env_settings_are_checked(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        compare.run(overrides={"bandwidth_mbit": 50.0, **overrides})
+
+
+def test_crossover_env_reaches_every_rank_of_that_scenario_only(monkeypatch, tmp_path):
+    """run_scenario hands --crossover_env to the launcher for crossover_env, nothing else."""
+    from experiments import launch_pair
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def run_jobs(cluster, commands, *, mode, log_dir, timeout_s, env=None):
+        seen[pathlib.Path(log_dir).name] = (mode, env)
+        raise Stop
+
+    monkeypatch.setattr(launch_pair, "run_jobs", run_jobs)
+    settings = type("Settings", (), {
+        "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 8, "steps": 12,
+        "warmup_steps": 2, "learning_rate": 0.01, "jit_compile": False, "num_hosts": 2,
+        "timeout_s": 10.0, "crossover_env": ["HOROVOD_CYCLE_TIME=5", "X_Y=a=b"]})()
+    for name in ("crossover", "crossover_env"):
+        with pytest.raises(Stop):
+            compare.scenarios.run_scenario(None, settings, name, tmp_path)
+    assert seen == {"crossover": ("concurrent", {}),
+                    "crossover_env": ("concurrent", {"HOROVOD_CYCLE_TIME": "5", "X_Y": "a=b"})}
