@@ -266,26 +266,3 @@ def test_without_root_falls_back_to_localhost(monkeypatch, capsys):
         assert cluster.exec_prefix(cluster.hosts[1])[:1] != ["ip"]
     assert "NO bandwidth/latency limits" in capsys.readouterr().err
 
-
-@netns_test
-@pytest.mark.multiprocess
-def test_two_jobs_allreduces_share_the_link(tmp_path):
-    """plan.py --mode=link_sharing on a 20 Mbit/s link: one job's 1 MB allreduces alone, then
-    two jobs' at once from a shared start. Each shared allreduce is slower than a solo one (the
-    link is really shared), and together they move about what one job moves alone."""
-    from absl import flags
-
-    from experiments import plan
-    flag_values = flags.FlagValues()
-    plan.define_flags(flag_values)
-    flag_values.mark_as_parsed()
-    out = plan.run(flag_values, {"mode": "link_sharing", "calibrate_mbit": 20.0,
-                                 "calibrate_mb": 1.0, "calibrate_seconds": 3.0,
-                                 "out_dir": str(tmp_path)})
-    measured = out["result"]
-    assert set(measured["shared_s_per_allreduce"]) == {"link_a", "link_b"}
-    for shared in measured["shared_s_per_allreduce"].values():
-        assert shared > 1.3 * measured["solo_s_per_allreduce"]
-    assert 0.6 < measured["combined_throughput"] < 1.6
-    assert measured["overlap_s"] > 2.0
-    assert "Combined throughput over one job's alone" in out["markdown"]
