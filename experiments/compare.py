@@ -54,7 +54,7 @@ FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", 
               "timeout_s", "force_localhost", "scenarios", "comm_to_compute", "trials",
               "sweep_comm_to_compute", "calibration_mbit", "calibration_timed_steps", "jobs",
               "secondary_micro_batches", "comm_cpu_probe", "horovod_timelines", "crossover_env"]
-SCENARIOS = (*MEASURED, "crossover_env", "priority")
+SCENARIOS = ("sequential", *scenarios.CONCURRENT)  # the order trials rotate
 MAX_TRIALS = 20
 MAX_SWEEP_POINTS = 8
 

@@ -6,10 +6,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from crossover_tf_planner.job_stats import JobStats
-from crossover_tf_planner.policies import MEASURED
 from experiments import attribute, trials
-
-CONCURRENT_ORDER = (*MEASURED[1:], "crossover_env", "priority")
+from experiments.scenarios import CONCURRENT
 
 RATIO_ROWS = (("crossover_over_sequential", "crossover / sequential"),
               ("crossover_over_naive", "crossover / naive"),
@@ -35,7 +33,7 @@ def job_names(result: Mapping[str, Any]) -> list[str]:
 
 def scenario_order(result: Mapping[str, Any]) -> list[str]:
     """Solo runs first, then sequential and the concurrent scenarios that ran."""
-    names = [f"solo_{job}" for job in job_names(result)] + ["sequential", *CONCURRENT_ORDER]
+    names = [f"solo_{job}" for job in job_names(result)] + ["sequential", *CONCURRENT]
     return [n for n in names if n in result["scenarios"]]
 
 
