@@ -7,6 +7,7 @@ import ipaddress
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from experiments.cluster import cleanup, linkprobe, naming, shell
+from experiments.cluster import cleanup, linkprobe, naming, shell, subnets
 from experiments.cluster.launch import launch_job, wait_jobs
 from experiments.cluster.netns import EmulatedCluster
 from experiments import launch_pair
@@ -119,11 +120,14 @@ def test_cluster_created_connected_and_fully_removed():
         namespaces = [n for n in cleanup.list_namespaces() if naming.owner_of(n) == prefix]
         assert sorted(namespaces) == [f"{prefix}h0", f"{prefix}h1"]
         bridge_addrs = [a for dev, a in ipv4_addrs("ip") if dev == naming.bridge_name(prefix)]
-        assert bridge_addrs == ["198.18.0.254/24"]
+        network = cluster.subnet.network
+        assert network.subnet_of(BENCHMARK_NET) and network.prefixlen == 24
+        assert bridge_addrs == [f"{network[254]}/24"] == [f"{cluster.rendezvous_address}/24"]
+        assert cluster.describe()["subnet"] == str(network)
         for i, host in enumerate(cluster.hosts):
             addrs = dict(ipv4_addrs("ip", "-n", host.namespace))
-            assert addrs == {"lo": "127.0.0.1/8", "eth0": f"198.18.0.{i + 1}/24"}
-            assert ipaddress.ip_address(host.address) in BENCHMARK_NET
+            assert addrs == {"lo": "127.0.0.1/8", "eth0": f"{network[i + 1]}/24"}
+            assert host.address == str(network[i + 1])
         for src, dst in ((0, 1), (1, 0)):  # a TCP connection each way, host to host
             received, _ = linkprobe.transfer(cluster, cluster.hosts[src], cluster.hosts[dst],
                                              nbytes=65536, timeout_s=15)
@@ -131,6 +135,58 @@ def test_cluster_created_connected_and_fully_removed():
         assert (cleanup.OWNER_DIR / f"{prefix}.json").exists()
     assert names_with(prefix) == []
     assert not (cleanup.OWNER_DIR / f"{prefix}.json").exists()
+
+
+# Connects to argv[1]:argv[2], sends "ping", prints what comes back (the rendezvous path).
+DIAL = "import socket, sys; s = socket.create_connection((sys.argv[1], int(sys.argv[2])), " \
+    "timeout=3); s.sendall(b'ping'); print(s.recv(4).decode())"
+
+
+def reaches_launcher(cluster: EmulatedCluster, host) -> bool:
+    """Whether `host` gets a TCP answer from the launcher's side of the bridge, where the Gloo
+    rendezvous server listens (the path that broke when two clusters shared one subnet)."""
+    with socket.create_server((cluster.rendezvous_address, 0)) as server:
+        server.settimeout(5)
+        dial = subprocess.Popen(cluster.exec_prefix(host) + [
+            sys.executable, "-c", DIAL, cluster.rendezvous_address,
+            str(server.getsockname()[1])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(conn.recv(4))
+            out, _ = dial.communicate(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        finally:
+            if dial.poll() is None:
+                dial.kill()
+                dial.wait(timeout=5)
+    return out.strip() == "ping"
+
+
+@netns_test
+def test_two_clusters_at_once_get_their_own_subnets():
+    """Two launchers on one machine (two comparisons, or a test beside a benchmark): each
+    cluster's hosts must reach each other and its own bridge. With one shared 198.18.0.0/24 the
+    second cluster's packets left by the first one's bridge and its jobs hung until timeout."""
+    with EmulatedCluster(num_hosts=2) as first, EmulatedCluster(num_hosts=2) as second:
+        networks = []
+        for cluster in (first, second):
+            bridge_addrs = [a for dev, a in ipv4_addrs("ip")
+                            if dev == naming.bridge_name(cluster.prefix)]
+            assert bridge_addrs == [f"{cluster.rendezvous_address}/24"]
+            network = ipaddress.ip_interface(bridge_addrs[0]).network
+            assert network.subnet_of(BENCHMARK_NET)
+            assert all(ipaddress.ip_address(h.address) in network for h in cluster.hosts)
+            networks.append(network)
+        assert not networks[0].overlaps(networks[1])
+        for cluster in (second, first):
+            h0, h1 = cluster.hosts
+            received, _ = linkprobe.transfer(cluster, h1, h0, nbytes=65536, timeout_s=10)
+            assert received == 65536
+            for host in cluster.hosts:
+                assert reaches_launcher(cluster, host)
 
 
 @netns_test
@@ -266,3 +322,37 @@ def test_without_root_falls_back_to_localhost(monkeypatch, capsys):
         assert cluster.exec_prefix(cluster.hosts[1])[:1] != ["ip"]
     assert "NO bandwidth/latency limits" in capsys.readouterr().err
 
+
+
+def test_each_cluster_takes_the_lowest_subnet_nothing_overlaps():
+    net = ipaddress.ip_network
+    assert subnets.first_free([]).network == net("198.18.0.0/24")
+    in_use = [net("192.0.2.0/24"), net("198.18.0.0/24"), net("198.18.1.128/25")]
+    subnet = subnets.first_free(in_use)
+    assert subnet.network == net("198.18.2.0/24")
+    assert (subnet.bridge_address, subnet.host_address(0), subnet.host_address(1)) == \
+        ("198.18.2.254", "198.18.2.1", "198.18.2.2")
+    with pytest.raises(ValueError, match="out of range"):
+        subnet.host_address(253)  # would be the bridge's .254
+    assert subnets.first_free([net("198.18.0.0/16")]).network == net("198.19.0.0/24")
+    with pytest.raises(RuntimeError, match="every /24 of 198.18.0.0/15 is in use"):
+        subnets.first_free([net("198.16.0.0/12")])
+
+
+def test_subnet_lock_held_elsewhere_is_a_clear_error_not_a_hang(tmp_path, monkeypatch):
+    monkeypatch.setattr(subnets, "LOCK_PATH", tmp_path / "subnets.lock")
+    with subnets.claim_lock():
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="held .*subnets.lock for over 0 s"):
+            with subnets.claim_lock(timeout_s=0.3):
+                pass
+        assert 0.3 <= time.monotonic() - started < 5
+    with subnets.claim_lock(timeout_s=0.3):  # released: free again at once
+        pass
+
+
+@netns_test
+def test_subnets_in_use_include_a_cluster_bridge():
+    with EmulatedCluster(num_hosts=1) as cluster:
+        assert cluster.subnet.network in subnets.networks_in_use()
+    assert cluster.subnet is None

@@ -1,7 +1,5 @@
-"""plan.py --mode=link_sharing on a real emulated cluster. Kept apart from
-test_emulated_cluster.py: that module keeps a shared cluster up for its job tests, and two
-clusters at once on one machine use the same addresses (198.18.0.0/24), so they must not
-overlap."""
+"""plan.py --mode=link_sharing on a real emulated cluster, in a module of its own so that its
+timed probe does not share the machine's cores with test_emulated_cluster.py's job tests."""
 from __future__ import annotations
 
 import signal

@@ -1,8 +1,9 @@
 """An emulated cluster: N "hosts" as network namespaces on one bridge, each with a pinned CPU set.
 
-Only 198.18.0.0/15 (benchmarking range) addresses are used: hosts are 198.18.0.1..N, the bridge in
-the root namespace is 198.18.0.254 (where the launcher's rendezvous servers listen). Without root or
-`ip netns` the cluster degrades to localhost "hosts" without shaping and says so loudly.
+Only 198.18.0.0/15 (benchmarking range) addresses are used, one free /24 per cluster
+(`subnets.py`): hosts are .1..N, the bridge in the root namespace is .254 (where the launcher's
+rendezvous servers listen). Without root or `ip netns` the cluster degrades to localhost "hosts"
+without shaping and says so loudly.
 """
 from __future__ import annotations
 
@@ -15,12 +16,9 @@ from typing import Iterable, Sequence
 
 from absl import logging
 
-from experiments.cluster import cleanup, exit_hooks, naming, shaping, shell
+from experiments.cluster import cleanup, exit_hooks, naming, shaping, shell, subnets
 from crossover_tf.lease import segments
 
-SUBNET_PREFIX = "198.18.0."
-SUBNET_BITS = 24
-BRIDGE_ADDRESS = SUBNET_PREFIX + "254"
 LOCALHOST = "127.0.0.1"
 MAX_HOSTS = 250
 FORCE_LOCALHOST_ENV = "CROSSOVER_CLUSTER_FORCE_LOCALHOST"
@@ -73,6 +71,7 @@ class EmulatedCluster:
         self._requested_prefix = prefix
         self._force_localhost = force_localhost or os.environ.get(FORCE_LOCALHOST_ENV) == "1"
         self.prefix: str | None = None
+        self.subnet: subnets.Subnet | None = None
         self.hosts: list[Host] = []
         self.is_emulated = False
         self.fallback_reason = ""
@@ -114,6 +113,7 @@ class EmulatedCluster:
             leftovers = cleanup.remove_cluster_objects(self.prefix)
             logging.info("cluster %s removed: %s", self.prefix, leftovers)
             self.prefix = None
+        self.subnet = None
         cleanup.remove_lease_segments(self.lease_groups)
         self.is_emulated = False
 
@@ -121,7 +121,7 @@ class EmulatedCluster:
     @property
     def rendezvous_address(self) -> str:
         """Where ranks reach the launcher: the bridge address, or loopback in fallback mode."""
-        return BRIDGE_ADDRESS if self.is_emulated else LOCALHOST
+        return self.subnet.bridge_address if self.is_emulated else LOCALHOST
 
     def exec_prefix(self, host: Host) -> list[str]:
         """argv prefix that runs a command "on" `host`: inside its namespace, pinned to its CPUs."""
@@ -134,6 +134,7 @@ class EmulatedCluster:
             "emulated": self.is_emulated, "fallback_reason": self.fallback_reason,
             "num_hosts": self.num_hosts, "bandwidth_mbit": self.link.bandwidth_mbit,
             "latency_ms": self.link.latency_ms, "latency_applied": self.latency_applied,
+            "subnet": str(self.subnet.network) if self.subnet else None,
             "hosts": [dataclasses.asdict(h) for h in self.hosts],
         }
 
@@ -162,7 +163,7 @@ class EmulatedCluster:
     def _build(self) -> None:
         bridge = naming.bridge_name(self.prefix)
         shell.run(["ip", "link", "add", bridge, "type", "bridge"])
-        shell.run(["ip", "addr", "add", f"{BRIDGE_ADDRESS}/{SUBNET_BITS}", "dev", bridge])
+        self.subnet = subnets.assign_bridge(bridge)
         shell.run(["ip", "link", "set", bridge, "up"])
         latency_ok = []
         for i in range(self.num_hosts):
@@ -178,13 +179,13 @@ class EmulatedCluster:
     def _build_host(self, i: int, bridge: str) -> Host:
         ns = naming.namespace(self.prefix, i)
         outer, inner = naming.bridge_veth(self.prefix, i), naming.host_veth(self.prefix, i)
-        address = f"{SUBNET_PREFIX}{i + 1}"
+        address = self.subnet.host_address(i)
         shell.run(["ip", "netns", "add", ns])
         shell.run(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
         shell.run(["ip", "link", "set", inner, "netns", ns])
         in_ns = ["ip", "-n", ns]
         shell.run(in_ns + ["link", "set", inner, "name", naming.NS_IFACE])
-        shell.run(in_ns + ["addr", "add", f"{address}/{SUBNET_BITS}", "dev", naming.NS_IFACE])
+        shell.run(in_ns + ["addr", "add", f"{address}/{subnets.PREFIXLEN}", "dev", naming.NS_IFACE])
         shell.run(in_ns + ["link", "set", naming.NS_IFACE, "up"])
         shell.run(in_ns + ["link", "set", "lo", "up"])
         shell.run(["ip", "link", "set", outer, "master", bridge, "up"])

@@ -1,8 +1,8 @@
 """Horovod's Gloo rendezvous server, bound to one address.
 
 The stock `RendezvousServer.start` listens on all interfaces (''); the launcher must only listen
-on the emulated cluster's bridge (198.18.0.254) or loopback, so this subclass binds explicitly and
-otherwise reuses Horovod's handler, HTTP server and port search unchanged.
+on the emulated cluster's bridge (its subnet's .254) or loopback, so this subclass binds
+explicitly and otherwise reuses Horovod's handler, HTTP server and port search unchanged.
 """
 from __future__ import annotations
 
