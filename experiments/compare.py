@@ -6,8 +6,8 @@
   python -m experiments.compare --bandwidth_mbit=100 --model=resnet20   # fixed link, no calibration
   python -m experiments.compare --jobs=3 --comm_to_compute=2 --trials=3  # three jobs crossing
   python -m experiments.compare --scenarios=sequential,naive,priority    # primary + secondary
-  python -m experiments.compare --scenarios=sequential,naive,crossover,crossover_env \
-      --crossover_env=HOROVOD_CYCLE_TIME=5 --trials=3        # a runtime setting side by side
+  python -m experiments.compare --scenarios=sequential,naive,naive_env,crossover,crossover_env \
+      --scenario_env=HOROVOD_CYCLE_TIME=5 --trials=3         # a runtime setting side by side
 
 --jobs identical-shaped jobs A, B, ... (2 by default, up to 4; one rank per emulated host each)
 are run with the same model, data and settings as:
@@ -16,9 +16,9 @@ are run with the same model, data and settings as:
               allreduce M)
   naive       all jobs at the same time, no lease (device and link simply shared)
   crossover   all jobs at the same time, sharing a device lease per host (FIFO turns)
-  crossover_env  (opt-in) crossover with --crossover_env in every rank's environment (e.g.
-              HOROVOD_CYCLE_TIME=5), in the same interleaved trials: a runtime setting
-              measured side by side with plain crossover
+  naive_env, crossover_env  (opt-in) naive and crossover with --scenario_env in every
+              rank's environment (e.g. HOROVOD_CYCLE_TIME=5), in the same interleaved trials:
+              a runtime setting measured side by side with the plain scenarios
   priority    (opt-in, 2 jobs) A as the primary, B as a secondary computing in
               --secondary_micro_batches micro-batches, sharing the lease: A's throughput
               against solo, B's against naive, A's worst wait against B's micro-batch
@@ -53,7 +53,7 @@ FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", 
               "jit_compile", "bandwidth_mbit", "latency_ms", "num_hosts", "out_dir",
               "timeout_s", "force_localhost", "scenarios", "comm_to_compute", "trials",
               "sweep_comm_to_compute", "calibration_mbit", "calibration_timed_steps", "jobs",
-              "secondary_micro_batches", "comm_cpu_probe", "horovod_timelines", "crossover_env"]
+              "secondary_micro_batches", "comm_cpu_probe", "horovod_timelines", "scenario_env"]
 SCENARIOS = ("sequential", *scenarios.CONCURRENT)  # the order trials rotate
 MAX_TRIALS = 20
 MAX_SWEEP_POINTS = 8
@@ -86,9 +86,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "attribution.md then splits each allreduce into waiting for the other ranks and the "
            "transfer. Horovod's timeline writer thread spins (a yield loop), taking much of a "
            "CPU device: the throughput numbers of such a run are not comparable.")
-    define(flags.DEFINE_list, "crossover_env", [],
-           "KEY=VALUE environment for every rank of the crossover_env scenario (e.g. "
-           "HOROVOD_CYCLE_TIME=5): a runtime setting measured side by side with crossover.")
+    define(flags.DEFINE_list, "scenario_env", [],
+           "KEY=VALUE environment for every rank of the naive_env and crossover_env scenarios "
+           "(e.g. HOROVOD_CYCLE_TIME=5): a runtime setting measured side by side with naive "
+           "and crossover.")
     define(flags.DEFINE_boolean, "comm_cpu_probe", True,
            "Measure what an allreduce costs the shared CPU core (about 30 s, comm_cpu.py) "
            "for the planner's prediction.")
@@ -136,10 +137,10 @@ def validate(c: Any) -> None:
                        f"secondary_micro_batches must divide each rank's batch "
                        f"({c.global_batch_size // max(c.num_hosts, 1)}), got "
                        f"{c.secondary_micro_batches}")
-    env = scenarios.parse_env(c.crossover_env)
-    config_lib.require(bool(env) == ("crossover_env" in c.scenarios),
-                       "the crossover_env scenario and --crossover_env go together: name the "
-                       "scenario and give it at least one KEY=VALUE")
+    env = scenarios.parse_env(c.scenario_env)
+    config_lib.require(bool(env) == bool(set(scenarios.WITH_ENV) & set(c.scenarios)),
+                       f"--scenario_env and the {' / '.join(scenarios.WITH_ENV)} scenarios go "
+                       "together: name at least one of them and give at least one KEY=VALUE")
     config_lib.require(1 <= c.trials <= MAX_TRIALS,
                        f"trials must be in 1..{MAX_TRIALS}, got {c.trials}")
     config_lib.require(math.isfinite(c.comm_to_compute) and c.comm_to_compute > 0,
@@ -195,7 +196,8 @@ def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
     ratios = {f"{top}_over_{bottom}": agg[top] / agg[bottom]
               for top, bottom in (("crossover", "sequential"), ("crossover", "naive"),
                                   ("naive", "sequential"), ("crossover_env", "crossover"),
-                                  ("crossover_env", "naive"))
+                                  ("crossover_env", "naive"), ("naive_env", "naive"),
+                                  ("crossover_env", "naive_env"))
               if top in agg and bottom in agg}
     ratios["ideal_crossover_over_sequential"] = throughput.ideal_crossover_ratio(
         list(seq.values()))

@@ -13,8 +13,10 @@ RATIO_ROWS = (("crossover_over_sequential", "crossover / sequential"),
               ("crossover_over_naive", "crossover / naive"),
               ("ideal_crossover_over_sequential", "ideal (from solo C, M)"),
               ("measured_over_ideal", "measured / ideal"),
-              ("crossover_env_over_crossover", "crossover with --crossover_env / crossover"),
-              ("crossover_env_over_naive", "crossover with --crossover_env / naive"),
+              ("crossover_env_over_crossover", "crossover with --scenario_env / crossover"),
+              ("crossover_env_over_naive", "crossover with --scenario_env / naive"),
+              ("naive_env_over_naive", "naive with --scenario_env / naive"),
+              ("crossover_env_over_naive_env", "crossover / naive, both with --scenario_env"),
               ("primary_over_solo", "priority: primary / its solo run"),
               ("primary_over_naive", "priority: primary / primary in naive"),
               ("secondary_over_naive", "priority: secondary / secondary in naive"),
@@ -148,6 +150,7 @@ def _ratio_panel(ax: Any, result: Mapping[str, Any]) -> None:
         k: trials.spread([v]) for k, v in result["ratios"].items()}
     keys = [k for k in ("crossover_over_sequential", "crossover_over_naive",
                         "naive_over_sequential", "crossover_env_over_crossover",
+                        "naive_env_over_naive", "crossover_env_over_naive_env",
                         "primary_over_solo", "secondary_over_naive")
             if k in spreads]
     for i, key in enumerate(keys):

@@ -4,10 +4,11 @@ Kept apart from compare.py, which decides what to run (calibration, trials, swee
 knows how: each rank's train.py command, lease groups, start barriers, logs, failures.
 
 Scenarios: sequential (each job alone, one after another), naive (all together, no lease),
-crossover (all together on one lease group, FIFO turns), crossover_env (crossover with extra
-environment variables for every rank, e.g. HOROVOD_CYCLE_TIME=5: a runtime setting measured in
-the same interleaved trials as plain crossover) and priority (two jobs on one lease group: the
-first is the primary, the second a secondary split into micro-batches).
+crossover (all together on one lease group, FIFO turns), naive_env and crossover_env (naive
+and crossover with extra environment variables for every rank, e.g. HOROVOD_CYCLE_TIME=5: a
+runtime setting measured in the same interleaved trials as the plain scenarios) and priority
+(two jobs on one lease group: the first is the primary, the second a secondary split into
+micro-batches).
 """
 from __future__ import annotations
 
@@ -23,18 +24,19 @@ from absl import logging
 from crossover_tf_planner.job_stats import JobStats
 
 JOB_NAMES = "ABCD"  # compare.py runs 2..4 jobs, named in this order
-CONCURRENT = ("naive", "crossover", "crossover_env", "priority")
+CONCURRENT = ("naive", "naive_env", "crossover", "crossover_env", "priority")
+WITH_ENV = ("naive_env", "crossover_env")  # run as their base scenario, plus --scenario_env
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
 def parse_env(assignments: Sequence[str]) -> dict[str, str]:
-    """KEY=VALUE strings (compare.py's --crossover_env) as a dict; a clear error for anything
+    """KEY=VALUE strings (compare.py's --scenario_env) as a dict; a clear error for anything
     that is not an environment assignment, or for a key given twice."""
     env: dict[str, str] = {}
     for item in assignments:
         key, sep, value = item.partition("=")
         if not sep or not ENV_NAME.fullmatch(key) or key in env:
-            raise ValueError(f"crossover_env takes distinct KEY=VALUE environment assignments "
+            raise ValueError(f"scenario_env takes distinct KEY=VALUE environment assignments "
                              f"(KEY in capitals), got {item!r}")
         env[key] = value
     return env
@@ -76,8 +78,9 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
                  ) -> dict[str, JobStats]:
     """Runs the jobs of scenario `name` (sequential: one after the other, each holding an
     uncontended lease so its timeline gives C and M; naive: together without a lease;
-    crossover: together sharing one; crossover_env: the same with --crossover_env in every
-    rank's environment; priority: together sharing one, as primary and secondaries).
+    crossover: together sharing one; naive_env and crossover_env: naive and crossover with
+    --scenario_env in every rank's environment; priority: together sharing one, as primary
+    and secondaries).
     TensorBoard runs, logs and barriers go under `run_name` (default: the scenario's name).
     Returns each job's rank-0 stats.json contents."""
     from experiments import launch_pair
@@ -85,8 +88,8 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
         raise ValueError(f"unknown scenario {name!r}; choose from sequential, "
                          f"{', '.join(CONCURRENT)}")
     run_name = run_name or name
-    group = {"naive": ""}.get(name, f"xo{uuid.uuid4().hex[:8]}")
-    env = parse_env(getattr(c, "crossover_env", [])) if name == "crossover_env" else {}
+    group = "" if name.startswith("naive") else f"xo{uuid.uuid4().hex[:8]}"
+    env = parse_env(getattr(c, "scenario_env", [])) if name in WITH_ENV else {}
     tensorboard_dir = out / "tensorboard" / run_name
     concurrent = name in CONCURRENT
     extra = job_settings(name, jobs, getattr(c, "secondary_micro_batches", 1))

@@ -119,14 +119,17 @@ def _stats(job: str, period_s: float, compute_s: float, comm_s: float, start_s: 
 def _scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
                     ) -> dict[str, dict[str, JobStats]]:
     """sequential at the solo step, naive 1.2x and crossover `crossover_speedup`x the
-    sequential aggregate (each job at half its solo rate times the speedup)."""
+    sequential aggregate (each job at half its solo rate times the speedup); naive_env and
+    crossover_env 1.1x and 1.05x their plain scenario."""
     solo = 1.1 * compute_s + comm_s
     return {"sequential": {j: _stats(j, solo, compute_s, comm_s) for j in "AB"},
             "naive": {j: _stats(j, 2 * solo / 1.2, compute_s, comm_s) for j in "AB"},
             "crossover": {j: _stats(j, 2 * solo / crossover_speedup, compute_s, comm_s)
                           for j in "AB"},
             "crossover_env": {j: _stats(j, 2 * solo / (1.05 * crossover_speedup), compute_s,
-                                        comm_s) for j in "AB"}}
+                                        comm_s) for j in "AB"},
+            "naive_env": {j: _stats(j, 2 * solo / (1.1 * 1.2), compute_s, comm_s)
+                          for j in "AB"}}
 
 
 def _trial_results(speedups: list[float]) -> list[dict]:
@@ -535,38 +538,58 @@ def test_link_sharing_counts_only_the_allreduces_both_jobs_overlapped():
         comm_cpu.sharing(solo, shared)
 
 
-# -- a runtime setting side by side (crossover_env) -----------------------------------------------
+# -- a runtime setting side by side (naive_env, crossover_env) ------------------------------------
 ENV_SCENARIOS = ["sequential", "naive", "crossover", "crossover_env"]
 
 
 def test_crossover_env_runs_interleaved_and_reports_its_ratio(fake_runs, tmp_path):
     result = compare.run(overrides={
-        "scenarios": ENV_SCENARIOS, "crossover_env": ["HOROVOD_CYCLE_TIME=5"], "trials": 2,
+        "scenarios": ENV_SCENARIOS, "scenario_env": ["HOROVOD_CYCLE_TIME=5"], "trials": 2,
         "bandwidth_mbit": 50.0, "comm_cpu_probe": False, "out_dir": str(tmp_path)})
     assert fake_runs == ["t0_sequential", "t0_naive", "t0_crossover", "t0_crossover_env",
                          "t1_naive", "t1_crossover", "t1_crossover_env", "t1_sequential"]
     assert result["ratios"]["crossover_env_over_crossover"] == pytest.approx(1.05)
-    assert result["settings"]["crossover_env"] == ["HOROVOD_CYCLE_TIME=5"]
+    assert "naive_env_over_naive" not in result["ratios"]
+    assert result["settings"]["scenario_env"] == ["HOROVOD_CYCLE_TIME=5"]
     markdown = (tmp_path / "compare.md").read_text()
-    assert "| crossover with --crossover_env / crossover | 1.050 [1.050–1.050] |" in markdown
+    assert "| crossover with --scenario_env / crossover | 1.050 [1.050–1.050] |" in markdown
     assert "| crossover_env |" in markdown
     assert (tmp_path / "compare.png").stat().st_size > 0
 
 
+def test_naive_and_crossover_both_with_the_setting(fake_runs, tmp_path):
+    """Is a setting a gain of crossing over naive, or of both? naive_env gives the answer."""
+    result = compare.run(overrides={
+        "scenarios": ["sequential", "naive", "naive_env", "crossover", "crossover_env"],
+        "scenario_env": ["HOROVOD_CYCLE_TIME=5"], "trials": 1, "bandwidth_mbit": 50.0,
+        "comm_cpu_probe": False, "out_dir": str(tmp_path)})
+    assert fake_runs == ["t0_sequential", "t0_naive", "t0_naive_env", "t0_crossover",
+                         "t0_crossover_env"]
+    ratios = result["ratios"]
+    assert ratios["naive_env_over_naive"] == pytest.approx(1.1)
+    assert ratios["crossover_env_over_naive_env"] == pytest.approx(
+        ratios["crossover_over_naive"] * 1.05 / 1.1)
+    markdown = (tmp_path / "compare.md").read_text()
+    assert "| naive with --scenario_env / naive | 1.100 |" in markdown
+    assert "| crossover / naive, both with --scenario_env | " in markdown
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"scenarios": ENV_SCENARIOS}, "go together"),
-    ({"crossover_env": ["HOROVOD_CYCLE_TIME=5"]}, "go together"),
-    ({"scenarios": ENV_SCENARIOS, "crossover_env": ["cycle=5"]}, "KEY=VALUE"),
-    ({"scenarios": ENV_SCENARIOS, "crossover_env": ["HOROVOD_CYCLE_TIME"]}, "KEY=VALUE"),
-    ({"scenarios": ENV_SCENARIOS, "crossover_env": ["A=1", "A=2"]}, "distinct"),
+    ({"scenarios": ["sequential", "naive", "naive_env"]}, "go together"),
+    ({"scenario_env": ["HOROVOD_CYCLE_TIME=5"]}, "go together"),
+    ({"scenarios": ENV_SCENARIOS, "scenario_env": ["cycle=5"]}, "KEY=VALUE"),
+    ({"scenarios": ENV_SCENARIOS, "scenario_env": ["HOROVOD_CYCLE_TIME"]}, "KEY=VALUE"),
+    ({"scenarios": ENV_SCENARIOS, "scenario_env": ["A=1", "A=2"]}, "distinct"),
 ])
 def test_crossover_env_settings_are_checked(overrides, message):
     with pytest.raises(ValueError, match=message):
         compare.run(overrides={"bandwidth_mbit": 50.0, **overrides})
 
 
-def test_crossover_env_reaches_every_rank_of_that_scenario_only(monkeypatch, tmp_path):
-    """run_scenario hands --crossover_env to the launcher for crossover_env, nothing else."""
+def test_scenario_env_reaches_every_rank_of_the_env_scenarios_only(monkeypatch, tmp_path):
+    """run_scenario hands --scenario_env to the launcher for naive_env and crossover_env only,
+    and naive_env, like naive, runs without a lease group."""
     from experiments import launch_pair
     seen = {}
 
@@ -574,16 +597,19 @@ def test_crossover_env_reaches_every_rank_of_that_scenario_only(monkeypatch, tmp
         pass
 
     def run_jobs(cluster, commands, *, mode, log_dir, timeout_s, env=None):
-        seen[pathlib.Path(log_dir).name] = (mode, env)
+        group = next(a for a in commands["A"] if a.startswith("--group="))
+        seen[pathlib.Path(log_dir).name] = (mode, env, group != "--group=")
         raise Stop
 
     monkeypatch.setattr(launch_pair, "run_jobs", run_jobs)
     settings = type("Settings", (), {
         "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 8, "steps": 12,
         "warmup_steps": 2, "learning_rate": 0.01, "jit_compile": False, "num_hosts": 2,
-        "timeout_s": 10.0, "crossover_env": ["HOROVOD_CYCLE_TIME=5", "X_Y=a=b"]})()
-    for name in ("crossover", "crossover_env"):
+        "timeout_s": 10.0, "scenario_env": ["HOROVOD_CYCLE_TIME=5", "X_Y=a=b"]})()
+    for name in ("naive", "naive_env", "crossover", "crossover_env"):
         with pytest.raises(Stop):
             compare.scenarios.run_scenario(None, settings, name, tmp_path)
-    assert seen == {"crossover": ("concurrent", {}),
-                    "crossover_env": ("concurrent", {"HOROVOD_CYCLE_TIME": "5", "X_Y": "a=b"})}
+    env = {"HOROVOD_CYCLE_TIME": "5", "X_Y": "a=b"}
+    assert seen == {"naive": ("concurrent", {}, False), "naive_env": ("concurrent", env, False),
+                    "crossover": ("concurrent", {}, True),
+                    "crossover_env": ("concurrent", env, True)}
