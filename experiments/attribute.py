@@ -12,9 +12,12 @@ timeline), by splitting every ms of the device's time into
 * idle: nobody holds it and nobody asks (every job is in its allreduce or between steps) —
   more than the ideal schedule's idle when allreduces stretch (straggling ranks, a shared link).
 
-With Horovod timelines (compare.py --horovod_timelines) each job's allreduce is split further,
-solo against crossed: waiting for the other ranks (negotiation: a rank on another host is
-still computing or waiting for its device) against the transfer itself (GLOO_ALLREDUCE).
+Each job's allreduce is split further, solo against crossed, from every rank's lease timeline
+(train.py saves each rank's record): waiting for the job's last rank to arrive (a rank on the
+other host still computing or waiting for its device) against the rest, from that rank's
+arrival to the end (the transfer, stretched when another job's allreduce shares the link).
+Horovod timelines (compare.py --horovod_timelines) split it the same way from Horovod's side
+(negotiation against GLOO_ALLREDUCE), but their writer perturbs a CPU device.
 
   python -m experiments.attribute --dir=runs/compare    # writes attribution.{json,md}
 """
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from absl import app, flags
@@ -105,6 +109,53 @@ def attribute(crossed: Mapping[str, JobStats], solo: Mapping[str, JobStats],
             "allreduce": comm}
 
 
+def allreduce_split(ranks: Sequence[JobStats], warmup_steps: int) -> dict[str, float]:
+    """One job's allreduce on its first rank (median ms per step after warm-up): in all,
+    waiting for the job's last rank to arrive, and from that arrival to the end.
+
+    A rank's allreduce runs from its compute release to its apply request (step phases 1 and
+    2). The emulated hosts share one clock, so the ranks' timestamps compare directly; on a
+    real cluster they would need synchronised clocks.
+    """
+    if len(ranks) < 2:
+        raise ValueError(f"splitting an allreduce needs every rank's timeline, got {len(ranks)}")
+    phases = [np.asarray(s.phases_ns, dtype=np.int64).reshape(-1, 5)[warmup_steps:]
+              for s in ranks]
+    steps = min(len(p) for p in phases)
+    if steps < 1:
+        raise ValueError("no step after warm-up in every rank's timeline")
+    own = phases[0][:steps]
+    last = np.max([p[:steps, 1] for p in phases], axis=0)
+    return {"total_ms": float(np.median(own[:, 2] - own[:, 1])) / 1e6,
+            "wait_for_last_rank_ms": float(np.median(last - own[:, 1])) / 1e6,
+            "after_last_rank_ms": float(np.median(own[:, 2] - last)) / 1e6}
+
+
+def rank_stats(job_dir: pathlib.Path, first: JobStats) -> list[JobStats]:
+    """A job's records in rank order: `first` (rank 0's, from compare.json), then the
+    stats.rank<r>.json files train.py wrote beside its stats.json (none before it did)."""
+    found = {}
+    for path in list(job_dir.glob("stats.rank*.json"))[:64]:
+        match = re.fullmatch(r"stats\.rank(\d+)\.json", path.name)
+        if match:
+            found[int(match.group(1))] = JobStats.from_json(path)
+    return [first, *(found[r] for r in sorted(found))]
+
+
+def _rank_splits(tensorboard: pathlib.Path, trial: int, runs: Mapping[str, Mapping[str, JobStats]],
+                 warmup_steps: int) -> dict[str, Any]:
+    """allreduce_split of each job in each run (sequential: solo; crossover: crossed) whose
+    other ranks' records were saved."""
+    splits: dict[str, dict[str, Any]] = {}
+    for run, jobs in runs.items():
+        for job, first in jobs.items():
+            scenario = "sequential" if run == "solo" else "crossover"
+            ranks = rank_stats(tensorboard / f"t{trial}_{scenario}" / job, first)
+            if len(ranks) > 1:
+                splits.setdefault(job, {})[run] = allreduce_split(ranks, warmup_steps)
+    return {"allreduce_split": splits} if splits else {}
+
+
 def _handoffs(crossed: Mapping[str, JobStats], start: int, end: int) -> int:
     """Acquisitions in the window that followed another job's hold."""
     holds = sorted((int(e[1]), job) for job, s in crossed.items() for e in lease_events(s)
@@ -125,7 +176,9 @@ def from_comparison(result: Mapping[str, Any], trial: int | None = None,
     warmup = int(result["settings"]["warmup_steps"])
     out = {"trial": trial, **attribute(crossed, solo, warmup)}
     if out_dir is not None:
-        out.update(_horovod_phases(pathlib.Path(out_dir) / "tensorboard", trial, crossed, warmup))
+        tensorboard = pathlib.Path(out_dir) / "tensorboard"
+        out.update(_rank_splits(tensorboard, trial, {"solo": solo, "crossed": crossed}, warmup))
+        out.update(_horovod_phases(tensorboard, trial, crossed, warmup))
     return out
 
 
@@ -157,6 +210,13 @@ def markdown(attribution: Mapping[str, Any]) -> str:
               "|---|---:|---:|---:|"]
     lines += [f"| {j} | {c['solo_ms']:.1f} | {c['crossed_ms']:.1f} | {c['wait_for_apply_ms']:.1f} |"
               for j, c in a["allreduce"].items()]
+    if a.get("allreduce_split"):
+        lines += ["", "Allreduce on rank 0 from every rank's timeline (median ms per step):", "",
+                  "| job | run | allreduce | waiting for the last rank | after its arrival |",
+                  "|---|---|---:|---:|---:|"]
+        lines += [f"| {job} | {run} | {s['total_ms']:.1f} | {s['wait_for_last_rank_ms']:.1f} | "
+                  f"{s['after_last_rank_ms']:.1f} |"
+                  for job, runs in a["allreduce_split"].items() for run, s in runs.items()]
     if a.get("horovod"):
         lines += ["", "Horovod timeline (rank 0, median ms per step):", "",
                   "| job | run | negotiate (waiting for other ranks) | allreduce | transfer "

@@ -4,7 +4,8 @@
 
 Every rank trains; rank 0 writes TensorBoard scalars under <model_dir>/<job>/ (loss, accuracy,
 images/s, step time, lease wait and hold) and <model_dir>/<job>/stats.json (a JobStats record),
-which compare.py and the planner read. An empty --group trains with plain Horovod (no lease):
+which compare.py and the planner read; every other rank r writes its own record beside it,
+stats.rank<r>.json. An empty --group trains with plain Horovod (no lease):
 the baseline. Launchers build this script's command line with train_argv().
 """
 from __future__ import annotations
@@ -150,12 +151,17 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     model.fit(train_data, epochs=c.epochs, steps_per_epoch=c.steps, verbose=0,
               callbacks=[*strategy.callbacks(), step_stats])
     stats = _job_stats(c, strategy, model, step_stats.records, start_ns, time.time_ns())
-    if strategy.should_save_summary:
-        job_dir.mkdir(parents=True, exist_ok=True)
-        stats.to_json(job_dir / "stats.json")
+    job_dir.mkdir(parents=True, exist_ok=True)
+    stats.to_json(job_dir / stats_file_name(strategy.rank))
     logging.info("job %s rank %d: %.1f images/s, median step %.1f ms", c.job, strategy.rank,
                  stats.images_per_s, 1e3 * stats.step_time_s)
     return stats
+
+
+def stats_file_name(rank: int) -> str:
+    """Rank 0's record is the job's stats.json; every other rank saves its own beside it, so
+    that attribute.py can tell a rank waiting for the other host's rank from a slow transfer."""
+    return "stats.json" if rank == 0 else f"stats.rank{rank}.json"
 
 
 def _description(c: types.SimpleNamespace, strategy: Any) -> dict[str, str]:

@@ -10,7 +10,7 @@ import collections
 import statistics
 from typing import Any, Mapping, Sequence
 
-from crossover_tf_planner.analytical import recommend
+from crossover_tf_planner.validate import measured_winner
 from crossover_tf_planner.job_stats import JobStats
 
 # The ratio that picks the representative trial (the one whose scenarios compare.json shows).
@@ -64,7 +64,7 @@ def combine(per_trial: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def verdict(result: Mapping[str, Any]) -> dict[str, Any]:
     """The planner's recommendation (the most frequent over trials) against the measured
-    winner: analytical.recommend on the median naive/sequential and the median
+    winner: validate.measured_winner on the median naive/sequential and the median
     crossover/naive, the ratio the tables show (a ratio of two medians can disagree with the
     median of the per-trial ratio when trials are noisy). Each trial's own winner is counted
     beside it, so a winner that only some trials agree on reads as the noise it is."""
@@ -74,10 +74,11 @@ def verdict(result: Mapping[str, Any]) -> dict[str, Any]:
         if "recommendation" in t.get("planner", {}))
     ratios = result["ratios"]
     naive = ratios["naive_over_sequential"]
-    winner = recommend({"naive": naive, "crossover": naive * ratios["crossover_over_naive"]})[0]
+    winner = measured_winner({"naive": naive,
+                              "crossover": naive * ratios["crossover_over_naive"]})
     trial_winners = collections.Counter(
-        recommend({"naive": t["ratios"]["naive_over_sequential"],
-                   "crossover": t["ratios"]["crossover_over_sequential"]})[0]
+        measured_winner({"naive": t["ratios"]["naive_over_sequential"],
+                         "crossover": t["ratios"]["crossover_over_sequential"]})
         for t in per_trial if "crossover_over_sequential" in t.get("ratios", {}))
     return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
             "measured_winner": winner, "trial_winners": dict(trial_winners.most_common())}

@@ -2,6 +2,7 @@
 timelines whose answer is known."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -123,3 +124,66 @@ def test_cache_hits_without_negotiation_count_as_no_wait():
     rows = horovod_timeline.step_phases(events)
     assert rows[0]["negotiate_ms"] > 3 and rows[2]["negotiate_ms"] == 0.0
     assert np.isfinite([r["total_ms"] for r in rows]).all()
+
+
+def _ranked(name: str, rank: int, arrive_ms: list[float], end_ms: list[float]) -> JobStats:
+    """A rank whose allreduce k runs from arrive_ms[k] to end_ms[k] (20 ms compute before,
+    5 ms apply after)."""
+    phases = [[int((a - 20) * MS), int(a * MS), int(e * MS), int(e * MS), int((e + 5) * MS)]
+              for a, e in zip(arrive_ms, end_ms)]
+    return JobStats(job=name, rank=rank, size=2, global_batch_size=8, steps=len(phases),
+                    timed_steps=len(phases) - 1, step_time_s=0.1, images_per_s=80.0,
+                    timed_wall_s=1.0, phases_ns=phases, step_end_ns=[p[4] for p in phases])
+
+
+def test_allreduce_split_separates_waiting_for_the_other_host_from_the_transfer():
+    """Rank 0 arrives at 100 ms steps; rank 1 arrives 30 ms later; the allreduce ends 50 ms
+    after that: 80 ms on rank 0, of which 30 waiting and 50 after the last arrival."""
+    arrive0 = [100.0 * k for k in range(5)]
+    arrive1 = [a + 30 for a in arrive0]
+    ends = [a + 50 for a in arrive1]
+    ranks = [_ranked("A", 0, arrive0, ends), _ranked("A", 1, arrive1, ends)]
+    split = attribute.allreduce_split(ranks, warmup_steps=1)
+    assert split == pytest.approx({"total_ms": 80.0, "wait_for_last_rank_ms": 30.0,
+                                   "after_last_rank_ms": 50.0})
+    # Seen from rank 1, nobody is waited for: the whole allreduce comes after its own arrival.
+    assert attribute.allreduce_split(ranks[::-1], 1)["wait_for_last_rank_ms"] == 0.0
+    with pytest.raises(ValueError, match="every rank's timeline"):
+        attribute.allreduce_split(ranks[:1], 1)
+    with pytest.raises(ValueError, match="no step after warm-up"):
+        attribute.allreduce_split(ranks, warmup_steps=5)
+
+
+def test_comparison_attribution_reads_every_ranks_saved_record(tmp_path):
+    """from_comparison finds the other ranks' stats.rank<r>.json where train.py writes them
+    (tensorboard/t<trial>_<scenario>/<job>/) and splits solo and crossed allreduces."""
+    from experiments import train
+    jobs, _ = _crossed_pair()
+    arrive = [100.0 * k for k in range(6)]
+    solo_ranks = {j: [_ranked(j, 0, arrive, [a + 40 for a in arrive]),
+                      _ranked(j, 1, arrive, [a + 40 for a in arrive])] for j in "AB"}
+    crossed_rank0 = {j: _ranked(j, 0, arrive, [a + 90 for a in arrive]) for j in "AB"}
+    crossed_rank1 = {j: _ranked(j, 1, [a + 35 for a in arrive], [a + 90 for a in arrive])
+                     for j in "AB"}
+    for job in "AB":  # the round attribution reads rank 0's events; the split its phases
+        crossed_rank0[job] = dataclasses.replace(
+            crossed_rank0[job], lease_events_ns=jobs[job].lease_events_ns,
+            step_end_ns=jobs[job].step_end_ns, compute_s=0.04, comm_s=0.04, apply_s=0.0)
+        solo_ranks[job][0] = dataclasses.replace(solo_ranks[job][0], compute_s=0.04, comm_s=0.04,
+                                                 apply_s=0.0)
+        for scenario, stats in (("sequential", solo_ranks[job][1]),
+                                ("crossover", crossed_rank1[job])):
+            job_dir = tmp_path / "tensorboard" / f"t0_{scenario}" / job
+            job_dir.mkdir(parents=True)
+            stats.to_json(job_dir / train.stats_file_name(1))
+    result = {"settings": {"warmup_steps": 1}, "scenarios": {
+        "crossover": {"jobs": {j: crossed_rank0[j].to_dict() for j in "AB"}},
+        **{f"solo_{j}": {"jobs": {j: solo_ranks[j][0].to_dict()}} for j in "AB"}}}
+    out = attribute.from_comparison(result, out_dir=tmp_path)
+    assert out["allreduce_split"]["A"]["solo"] == pytest.approx(
+        {"total_ms": 40.0, "wait_for_last_rank_ms": 0.0, "after_last_rank_ms": 40.0})
+    assert out["allreduce_split"]["B"]["crossed"] == pytest.approx(
+        {"total_ms": 90.0, "wait_for_last_rank_ms": 35.0, "after_last_rank_ms": 55.0})
+    assert "| B | crossed | 90.0 | 35.0 | 55.0 |" in attribute.markdown(out)
+    assert train.stats_file_name(0) == "stats.json"
+    assert "allreduce_split" not in attribute.from_comparison(result, out_dir=tmp_path / "x")

@@ -152,6 +152,14 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
         assert saved["regime"]["comm_cpu"]["cpu_per_wait_s"] >= 0
         assert set(attribution["horovod"]["A"]) == {"sequential", "crossover"}
         assert attribution["horovod"]["A"]["crossover"]["transfer_ms"] > 0
+    # Every rank saved its record, so each allreduce splits into waiting for the other host's
+    # rank and the rest.
+    assert (tmp_path / "tensorboard" / "t0_crossover" / "B" / "stats.rank1.json").exists()
+    for job in ("A", "B"):
+        for run in ("solo", "crossed"):
+            split = attribution["allreduce_split"][job][run]
+            assert 0 <= split["wait_for_last_rank_ms"] <= split["total_ms"]
+            assert 0 < split["after_last_rank_ms"] <= split["total_ms"]
     for scenario in saved["scenarios"].values():
         assert math.isfinite(scenario["aggregate_images_per_s"])
         assert scenario["aggregate_images_per_s"] > 0

@@ -115,3 +115,34 @@ def test_three_jobs_are_checked_against_the_fifo_round():
         0.15 / 0.1506)
     assert report["recommendation"] == {"predicted": "naive", "measured_winner": "naive"}
     assert "simulated" not in row and "—" in validate.to_markdown(report)
+
+
+def test_measured_winner_is_the_aggregate_rule_the_tables_show():
+    """A fast job A and a slow job B: crossover gives A 0.8 of its solo rate and B 0.45,
+    naive 0.6 each. In solo-job equivalents crossover gains 4% (naive by the 5% rule), in
+    aggregate images/s 10% (cross). Every report names one winner: the aggregate one, which
+    compare.md's and sweep.md's crossover/naive shows."""
+    from experiments import trials
+    data = comparison({})
+    solo = {k: data["scenarios"][f"solo_{k}"]["jobs"][k] for k in "AB"}
+
+    def pair(share_a, share_b):
+        return scenario({"A": {**solo["A"], "images_per_s": solo["A"]["images_per_s"] * share_a},
+                         "B": {**solo["B"], "images_per_s": solo["B"]["images_per_s"] * share_b}})
+
+    data["scenarios"].update(sequential=pair(0.5, 0.5), naive=pair(0.6, 0.6),
+                             crossover=pair(0.8, 0.45))
+    report = validate.validate_comparison(data, sim_steps=30)
+    assert report["normalised_ratios"]["crossover/naive"]["measured"] == pytest.approx(1.25 / 1.2)
+    agg = {k: data["scenarios"][k]["aggregate_images_per_s"] for k in ("naive", "crossover")}
+    assert agg["crossover"] / agg["naive"] > 1.09
+    assert report["recommendation"]["measured_winner"] == "cross"
+    seq = data["scenarios"]["sequential"]["aggregate_images_per_s"]
+    ratios = {"naive_over_sequential": agg["naive"] / seq,
+              "crossover_over_sequential": agg["crossover"] / seq,
+              "crossover_over_naive": agg["crossover"] / agg["naive"]}
+    assert trials.verdict({"ratios": ratios, "planner": report})["measured_winner"] == "cross"
+    del data["scenarios"]["sequential"]  # nothing to measure a winner against
+    report = validate.validate_comparison(data, sim_steps=30)
+    assert report["recommendation"]["measured_winner"] is None
+    assert "measured winner: **— (no sequential run)**" in validate.to_markdown(report)
