@@ -100,13 +100,42 @@ def attribute(crossed: Mapping[str, JobStats], solo: Mapping[str, JobStats],
     comm = {job: {"solo_ms": 1e3 * solo[job].comm_s, "crossed_ms": 1e3 * s.comm_s,
                   "wait_for_apply_ms": 1e3 * (s.wait_s or 0.0)}
             for job, s in crossed.items()}
+    overlap = allreduce_overlap(crossed, start, end)
+    if overlap:
+        overlap["in_flight_ms_per_round"] = 1e3 * overlap.pop("in_flight_s") / steps
+        overlap["solo_back_to_back_ms"] = 1e3 * (a.comm_s + b.comm_s)
     return {"round_ms": 1e3 * measured, "ideal_round_ms": 1e3 * ideal,
             "loss_ms": 1e3 * (measured - ideal), "rounds": float(steps),
             "device_ms_per_round": {k: 1e3 * v for k, v in per_round.items()},
             "solo_holds_ms": {job: 1e3 * solo[job].device_s for job in crossed},
             "loss_by_cause_ms": {k: 1e3 * v for k, v in loss.items()},
             "hand-offs_per_round": _handoffs(crossed, start, end) / steps,
-            "allreduce": comm}
+            "allreduce": comm, **({"allreduce_overlap": overlap} if overlap else {})}
+
+
+def allreduce_overlap(crossed: Mapping[str, JobStats], start_ns: int, end_ns: int
+                      ) -> dict[str, Any]:
+    """How the crossed jobs' allreduces (compute release to apply request, rank 0) sat on the
+    link in [start, end): seconds with at least one in flight, and the share of each job's
+    allreduce time that the other job's allreduces overlapped. Allreduces that overlap
+    stretch; if they also move less than back to back, the round grows past the ideal.
+    Empty for stats without step phases."""
+    spans = {j: np.asarray(s.phases_ns, dtype=np.int64).reshape(-1, 5)[:, 1:3]
+             for j, s in crossed.items()}
+    if any(len(v) == 0 for v in spans.values()):
+        return {}
+    spans = {j: np.clip(v, start_ns, end_ns) for j, v in spans.items()}
+    edges = np.unique(np.concatenate([[start_ns, end_ns], *(v.ravel() for v in spans.values())]))
+    mid, width = (edges[:-1] + edges[1:]) / 2, np.diff(edges) / 1e9
+    running = {j: ((mid[:, None] >= v[:, 0]) & (mid[:, None] < v[:, 1])).any(axis=1)
+               for j, v in spans.items()}
+    overlapped = {}
+    for job, mine in running.items():
+        others = np.any([r for j, r in running.items() if j != job], axis=0)
+        own = width[mine].sum()
+        overlapped[job] = float(width[mine & others].sum() / own) if own else 0.0
+    return {"in_flight_s": float(width[np.any(list(running.values()), axis=0)].sum()),
+            "overlapped_fraction": overlapped}
 
 
 def allreduce_split(ranks: Sequence[JobStats], warmup_steps: int) -> dict[str, float]:
@@ -210,6 +239,13 @@ def markdown(attribution: Mapping[str, Any]) -> str:
               "|---|---:|---:|---:|"]
     lines += [f"| {j} | {c['solo_ms']:.1f} | {c['crossed_ms']:.1f} | {c['wait_for_apply_ms']:.1f} |"
               for j, c in a["allreduce"].items()]
+    if a.get("allreduce_overlap"):
+        o = a["allreduce_overlap"]
+        lines += ["", f"Allreduces on the link (host 0): some allreduce in flight "
+                  f"{o['in_flight_ms_per_round']:.1f} ms per round; the solo allreduces back to "
+                  f"back take {o['solo_back_to_back_ms']:.1f} ms; overlapped by the other job's: "
+                  + ", ".join(f"{j} {100 * f:.0f}%" for j, f in o["overlapped_fraction"].items())
+                  + "."]
     if a.get("allreduce_split"):
         lines += ["", "Allreduce on rank 0 from every rank's timeline (median ms per step):", "",
                   "| job | run | allreduce | waiting for the last rank | after its arrival |",

@@ -187,3 +187,18 @@ def test_comparison_attribution_reads_every_ranks_saved_record(tmp_path):
     assert "| B | crossed | 90.0 | 35.0 | 55.0 |" in attribute.markdown(out)
     assert train.stats_file_name(0) == "stats.json"
     assert "allreduce_split" not in attribute.from_comparison(result, out_dir=tmp_path / "x")
+
+
+def test_allreduce_overlap_on_the_link():
+    """A's allreduces run [0, 60) ms of each 100 ms, B's [30, 90): each overlapped half its
+    time, and some allreduce is in flight 90 ms of every 100."""
+    arrive = [100.0 * k for k in range(5)]
+    jobs = {"A": _ranked("A", 0, arrive, [a + 60 for a in arrive]),
+            "B": _ranked("B", 0, [a + 30 for a in arrive], [a + 90 for a in arrive])}
+    out = attribute.allreduce_overlap(jobs, 0, 500 * MS)
+    assert out["in_flight_s"] == pytest.approx(0.450)
+    assert out["overlapped_fraction"] == pytest.approx({"A": 0.5, "B": 0.5})
+    # The window cuts the spans: in [0, 45) only A's first allreduce and 15 ms of B's run.
+    assert attribute.allreduce_overlap(jobs, 0, 45 * MS)["overlapped_fraction"] == \
+        pytest.approx({"A": 15 / 45, "B": 1.0})
+    assert attribute.allreduce_overlap(_crossed_pair()[0], 0, 500 * MS) == {}
