@@ -51,7 +51,8 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
              "(cpu model / gpu-like sim) | recommended | measured winner |",
              "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        cells = [f"{r['comm_to_compute_asked']:g}", report.with_spread(
+        asked = r["comm_to_compute_asked"]  # None: a fixed link's comparison, tabulated beside
+        cells = ["—" if asked is None else f"{asked:g}", report.with_spread(
             r["achieved_comm_to_compute"], 2), f"{r['bandwidth_mbit']:.4g}"]
         for key in RATIOS:
             cells += [report.with_spread(r[key]["measured"]),

@@ -192,6 +192,8 @@ def test_sweep_rows_pair_measured_spread_with_predictions(tmp_path):
     table = sweep.markdown([point])
     assert re.search(r"\| 1 \| 0\.95 \[0\.90–1\.10\] \| 62\.5 \| 1\.250 \[1\.000–1\.500\] \| "
                      r"\d\.\d{3} / \d\.\d{3} \|", table), table
+    fixed_link = sweep.markdown([{**point, "comm_to_compute_asked": None}])
+    assert "| — | 0.95 [0.90–1.10] | 62.5 |" in fixed_link
     sweep.plot([point, {**point, "achieved_comm_to_compute": trials.spread([2.0])}],
                str(tmp_path / "sweep.png"))
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
