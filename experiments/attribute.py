@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from absl import app, flags
@@ -42,11 +42,26 @@ def lease_events(stats: JobStats) -> np.ndarray:
     previous step's apply ended, so its wait is an upper bound)."""
     if stats.lease_events_ns:
         return np.asarray(stats.lease_events_ns, dtype=np.int64).reshape(-1, 4)
-    p = np.asarray(stats.phases_ns, dtype=np.int64).reshape(-1, 5)
+    p = _phases(stats)
     compute_request = np.concatenate([p[:1, 0], p[:-1, 4]])
     compute = np.stack([compute_request, p[:, 0], p[:, 1], np.ones(len(p), np.int64)], axis=1)
     apply = np.stack([p[:, 2], p[:, 3], p[:, 4], np.full(len(p), 2, np.int64)], axis=1)
     return np.stack([compute, apply], axis=1).reshape(-1, 4)
+
+
+def _phases(stats: JobStats) -> np.ndarray:
+    """[steps, 5] ns: compute acquired, compute released (the allreduce begins), apply
+    requested (it has ended), apply acquired, apply released."""
+    return np.asarray(stats.phases_ns, dtype=np.int64).reshape(-1, 5)
+
+
+def _pieces(start_ns: int, end_ns: int, times: Iterable[np.ndarray]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) cut at every one of `times` inside it: each piece's midpoint (ns) and
+    width (s), so that a state that holds at a piece's midpoint holds over the whole piece."""
+    inside = [t[(t > start_ns) & (t < end_ns)] for t in times]
+    edges = np.unique(np.concatenate([[start_ns, end_ns], *inside]).astype(np.int64))
+    return (edges[:-1] + edges[1:]) / 2, np.diff(edges) / 1e9
 
 
 def device_time(events: Mapping[str, np.ndarray], start_ns: int, end_ns: int
@@ -55,11 +70,7 @@ def device_time(events: Mapping[str, np.ndarray], start_ns: int, end_ns: int
     gaps (free while a job waits) and idle (free, nobody waiting)."""
     if end_ns <= start_ns:
         raise ValueError("empty attribution window")
-    cuts = {start_ns, end_ns}
-    for e in events.values():
-        cuts.update(int(t) for t in e[:, :3].ravel() if start_ns < t < end_ns)
-    edges = np.array(sorted(cuts), dtype=np.int64)
-    mid, width = (edges[:-1] + edges[1:]) / 2, np.diff(edges) / 1e9
+    mid, width = _pieces(start_ns, end_ns, (e[:, :3].ravel() for e in events.values()))
     held_by = np.full(len(mid), "", dtype=object)
     waiting = np.zeros(len(mid), dtype=bool)
     for job, e in events.items():
@@ -120,13 +131,10 @@ def allreduce_overlap(crossed: Mapping[str, JobStats], start_ns: int, end_ns: in
     allreduce time that the other job's allreduces overlapped. Allreduces that overlap
     stretch; if they also move less than back to back, the round grows past the ideal.
     Empty for stats without step phases."""
-    spans = {j: np.asarray(s.phases_ns, dtype=np.int64).reshape(-1, 5)[:, 1:3]
-             for j, s in crossed.items()}
+    spans = {j: _phases(s)[:, 1:3] for j, s in crossed.items()}
     if any(len(v) == 0 for v in spans.values()):
         return {}
-    spans = {j: np.clip(v, start_ns, end_ns) for j, v in spans.items()}
-    edges = np.unique(np.concatenate([[start_ns, end_ns], *(v.ravel() for v in spans.values())]))
-    mid, width = (edges[:-1] + edges[1:]) / 2, np.diff(edges) / 1e9
+    mid, width = _pieces(start_ns, end_ns, (v.ravel() for v in spans.values()))
     running = {j: ((mid[:, None] >= v[:, 0]) & (mid[:, None] < v[:, 1])).any(axis=1)
                for j, v in spans.items()}
     overlapped = {}
@@ -148,8 +156,7 @@ def allreduce_split(ranks: Sequence[JobStats], warmup_steps: int) -> dict[str, f
     """
     if len(ranks) < 2:
         raise ValueError(f"splitting an allreduce needs every rank's timeline, got {len(ranks)}")
-    phases = [np.asarray(s.phases_ns, dtype=np.int64).reshape(-1, 5)[warmup_steps:]
-              for s in ranks]
+    phases = [_phases(s)[warmup_steps:] for s in ranks]
     steps = min(len(p) for p in phases)
     if steps < 1:
         raise ValueError("no step after warm-up in every rank's timeline")
@@ -171,15 +178,17 @@ def rank_stats(job_dir: pathlib.Path, first: JobStats) -> list[JobStats]:
     return [first, *(found[r] for r in sorted(found))]
 
 
+_SPLIT_RUNS = {"solo": "sequential", "crossed": "crossover"}  # the scenario each run is from
+
+
 def _rank_splits(tensorboard: pathlib.Path, trial: int, runs: Mapping[str, Mapping[str, JobStats]],
                  warmup_steps: int) -> dict[str, Any]:
-    """allreduce_split of each job in each run (sequential: solo; crossover: crossed) whose
-    other ranks' records were saved."""
+    """allreduce_split of each job in each run (solo, crossed: `_SPLIT_RUNS`) whose other
+    ranks' records were saved."""
     splits: dict[str, dict[str, Any]] = {}
     for run, jobs in runs.items():
         for job, first in jobs.items():
-            scenario = "sequential" if run == "solo" else "crossover"
-            ranks = rank_stats(tensorboard / f"t{trial}_{scenario}" / job, first)
+            ranks = rank_stats(tensorboard / f"t{trial}_{_SPLIT_RUNS[run]}" / job, first)
             if len(ranks) > 1:
                 splits.setdefault(job, {})[run] = allreduce_split(ranks, warmup_steps)
     return {"allreduce_split": splits} if splits else {}
