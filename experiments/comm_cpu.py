@@ -92,19 +92,14 @@ def _run_probes(cluster: Any, names: Sequence[str], megabytes: float, seconds: f
                 env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """Runs one probe job per name at once on `cluster` (their timed allreduces starting
     together); rank 0's measurements per job."""
-    from experiments.cluster.launch import launch_job, wait_jobs
-    handles = []
-    for name in names:
-        command = [sys.executable, "-m", "experiments.comm_cpu", str(megabytes), str(seconds),
-                   str(idle_s), str(tmp / f"{name}.json")]
-        if len(names) > 1:
-            command.append(f"{tmp / 'barrier'}:{len(names) * len(cluster.hosts)}")
-        handles.append(launch_job(cluster, command, job_name=name, env=env, log_dir=log_dir,
-                                  timeout_s=timeout_s))
-    for name, result in wait_jobs(handles).items():
-        if not result["ok"]:
-            raise RuntimeError(f"probe {name} failed (exit codes {result['exit_codes']}, timed "
-                               f"out {result['timed_out']}):\n{result['failed_log_tail']}")
+    from experiments import launch_pair
+    barrier = [f"{tmp / 'barrier'}:{len(names) * len(cluster.hosts)}"] if len(names) > 1 else []
+    commands = {name: [sys.executable, "-m", "experiments.comm_cpu", str(megabytes),
+                       str(seconds), str(idle_s), str(tmp / f"{name}.json"), *barrier]
+                for name in names}
+    results = launch_pair.run_jobs(cluster, commands, mode="concurrent", log_dir=log_dir,
+                                   timeout_s=timeout_s, env=env)
+    launch_pair.raise_on_failure(results, "comm probe")
     return {name: json.loads((tmp / f"{name}.json").read_text()) for name in names}
 
 

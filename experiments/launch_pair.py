@@ -111,6 +111,17 @@ def run_jobs(cluster: EmulatedCluster, jobs: Mapping[str, list[str]], *, mode: s
     return results
 
 
+def raise_on_failure(results: Mapping[str, dict], what: str) -> None:
+    """A clear error for the first job of `results` (run_jobs') that failed: its failed rank,
+    exit code, whether it timed out, and its log tail."""
+    for job, result in results.items():
+        if not result["ok"]:
+            raise RuntimeError(
+                f"{what}: job {job} failed (rank {result['failed_rank']}, exit "
+                f"{result['failed_exit_code']}, timed out {result['timed_out']}); log tail:\n"
+                f"{result['failed_log_tail']}")
+
+
 def run(flag_values: flags.FlagValues = flags.FLAGS,
         overrides: Mapping[str, Any] | None = None) -> dict:
     """Builds the cluster, runs the job(s), always cleans up; returns per-job results."""

@@ -111,10 +111,5 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
     if group:
         from experiments.cluster import remove_lease_segments
         remove_lease_segments([group])
-    for job, result in results.items():
-        if not result["ok"]:
-            raise RuntimeError(
-                f"scenario {run_name}: job {job} failed (rank {result['failed_rank']}, exit "
-                f"{result['failed_exit_code']}, timed out {result['timed_out']}); log tail:\n"
-                f"{result['failed_log_tail']}")
+    launch_pair.raise_on_failure(results, f"scenario {run_name}")
     return {job: JobStats.from_json(tensorboard_dir / job / "stats.json") for job in commands}

@@ -294,6 +294,9 @@ def test_job_past_its_timeout_is_killed(tmp_path):
     assert result["terminated_ranks"] == [0, 1]
     assert result["exit_codes"] == [-signal.SIGTERM, -signal.SIGTERM]
     assert result["wall_s"] < 10
+    with pytest.raises(RuntimeError, match=r"probe: job slow failed \(rank .*timed out True"):
+        launch_pair.raise_on_failure({"slow": result}, "probe")
+    launch_pair.raise_on_failure({}, "nothing ran")  # no failure, no error
 
 
 def test_cluster_exit_removes_lease_segments_of_its_groups(lease_group):
