@@ -20,7 +20,8 @@ class CrossoverTrainStepCallback(keras.callbacks.Callback):
 
     Keras calls set_model while building its CallbackList, before make_train_function, so the
     hook is in place for the very first step. It also gives the device back when training ends
-    (or fails), so the next job never waits on us.
+    (or fails), so the next job never waits on us, and leaves the link turn whenever this job
+    stops stepping (validation, the epoch's end callbacks), joining again for the next epoch.
     """
 
     def __init__(self, strategy: "CrossoverStrategy"):
@@ -33,6 +34,20 @@ class CrossoverTrainStepCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self.strategy.release_device()
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._pause_turn()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._pause_turn()
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.strategy.turn is not None:
+            self.strategy.turn.resume()
+
+    def _pause_turn(self) -> None:
+        if self.strategy.turn is not None:
+            self.strategy.turn.pause()
 
 
 class MetricAverage(keras.callbacks.Callback):

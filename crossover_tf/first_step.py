@@ -10,6 +10,8 @@
    batch for the same reason).
 3. With XLA and a lease: compile the step's XLA parts outside the lease (warm_up), once per
    step (a step lives until the next compile).
+4. With a link turn: join it (a collective of the job's ranks), once per fit, after 3 so the
+   peer never waits for our compilation.
 The batch used for this is then the first one trained on (or evaluated), as usual.
 """
 from __future__ import annotations
@@ -79,6 +81,8 @@ def before_training(step: "CrossoverTrainStep", sync_state: SyncState | None) ->
             step.compute.get_concrete_function(*data_adapter_utils.unpack_x_y_sample_weight(spec))
             warm_up.compile_outside_lease(model, step.compute_and_apply, data)
             step.compiled = True
+        if step.turn is not None:
+            step.turn.join()
 
     return prepare
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from crossover_tf import first_step
 from crossover_tf.inference_step import LeasedInferenceStep
-from crossover_tf.lease import DeviceLease
+from crossover_tf.lease import DeviceLease, LinkTurn
 from crossover_tf.train_step import Allreduce, CrossoverTrainStep
 
 _XLA_FAILURE = re.compile(r"XLA|compil", re.IGNORECASE)
@@ -38,6 +38,7 @@ class CrossoverSetup:
     sync_state: first_step.SyncState | None  # None: one rank, nothing to broadcast
     micro_batches: int = 1  # >1: compute under one hold per micro-batch (priority mode)
     step_end_reserve_s: float = 0.0  # the step-end yield's reservation (a primary's)
+    turn: LinkTurn | None = None  # the allreduce order among the group's jobs
 
 
 def install(model: keras.Model, setup: CrossoverSetup) -> None:
@@ -50,18 +51,18 @@ def install(model: keras.Model, setup: CrossoverSetup) -> None:
 
     def train_step(m: keras.Model) -> CrossoverTrainStep:
         return CrossoverTrainStep(m, setup.lease, setup.allreduce, m.jit_compile,
-                                  setup.micro_batches, setup.step_end_reserve_s)
+                                  setup.micro_batches, setup.step_end_reserve_s, setup.turn)
 
     def train_function(function: StepFunction, step: CrossoverTrainStep) -> StepFunction:
         prepared = first_step.PreparedFunction(
             function, first_step.before_training(step, setup.sync_state))
-        return _release_on_error(prepared, setup.lease, step.jit_compile, "training")
+        return _release_on_error(prepared, setup, step.jit_compile, "training")
 
     def inference_function(kind: str) -> Callable[[StepFunction, Any], StepFunction]:
         def wrap(function: StepFunction, step: LeasedInferenceStep) -> StepFunction:
             prepared = first_step.PreparedFunction(
                 function, first_step.before_inference(step, build=kind == "test"))
-            return _release_on_error(prepared, setup.lease, step.jit_compile, kind)
+            return _release_on_error(prepared, setup, step.jit_compile, kind)
         return wrap
 
     _hook(model, "train", train_step, train_function)
@@ -105,9 +106,10 @@ def _compiled_state(model: keras.Model) -> tuple[int, ...]:
             *(id(v) for v in model.trainable_weights))
 
 
-def _release_on_error(function: StepFunction, lease: DeviceLease | None, jit_compile: bool,
+def _release_on_error(function: StepFunction, setup: CrossoverSetup, jit_compile: bool,
                       what: str) -> StepFunction:
-    """Never leave the device leased by a step that failed; explain XLA compile failures."""
+    """Never leave the device leased (or the peer waiting for our turn) after a step that
+    failed; explain XLA compile failures."""
 
     def guarded(iterator: Any) -> Any:
         try:
@@ -115,7 +117,7 @@ def _release_on_error(function: StepFunction, lease: DeviceLease | None, jit_com
         except StopIteration:
             raise
         except tf.errors.OpError as err:
-            _release(lease)
+            release(setup.lease, setup.turn)
             if (jit_compile and isinstance(err, _XLA_ERROR_TYPES)
                     and _XLA_FAILURE.search(err.message or "")):
                 raise RuntimeError(
@@ -125,12 +127,15 @@ def _release_on_error(function: StepFunction, lease: DeviceLease | None, jit_com
                     f"unsupported op. TensorFlow said: {err.message[:2000]}") from err
             raise
         except BaseException:
-            _release(lease)
+            release(setup.lease, setup.turn)
             raise
 
     return guarded
 
 
-def _release(lease: DeviceLease | None) -> None:
+def release(lease: DeviceLease | None, turn: LinkTurn | None) -> None:
+    """Gives up the device and leaves the link turn (each if there is one)."""
+    if turn is not None and turn.joined:
+        turn.leave()
     if lease is not None:
         lease.release()

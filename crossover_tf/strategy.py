@@ -49,6 +49,13 @@ class CrossoverStrategy:
         batch-dependent layers such as BatchNorm). A secondary's micro-batch bounds how long a
         primary can wait for it.
       primary_reserve_s: how long a primary's step-end yield keeps secondaries out.
+      link_turn: this job's position (0, 1, ...) in its group's allreduce order, the same on
+        every host and distinct per job; None: the jobs' allreduces overlap as they come.
+        With it the group's jobs run their gradient allreduces one at a time on each host
+        (lease.link_turn explains why and why it cannot deadlock).
+      link_turn_jobs: how many jobs the group has (every job must say the same).
+      link_turn_wait_s: the longest one allreduce waits for another job's earlier one (a
+        peer paused outside a step, e.g. saving a checkpoint); then it runs anyway.
     """
 
     def __init__(self, group: str | None = "", *, device_key: str | None = None,
@@ -56,7 +63,9 @@ class CrossoverStrategy:
                  init_horovod: bool = True, configure_devices: bool = True,
                  memory_growth: bool = True, memory_limit_mb: int | None = None,
                  allreduce_on: str = "auto", priority: str = "normal",
-                 micro_batches: int = 1, primary_reserve_s: float = 0.05):
+                 micro_batches: int = 1, primary_reserve_s: float = 0.05,
+                 link_turn: int | None = None, link_turn_jobs: int = 2,
+                 link_turn_wait_s: float = 10.0):
         if init_horovod:
             hvd.init()
         elif not hvd.is_initialized():
@@ -66,6 +75,12 @@ class CrossoverStrategy:
         # Checked here too: without a group no lease is made, but bad input is still an error.
         lease_lib.validate_priority(priority)
         lease_lib.validate_reserve(primary_reserve_s)
+        if link_turn is not None:
+            lease_lib.validate_turn(link_turn, link_turn_jobs)
+            lease_lib.validate_timeout(link_turn_wait_s)
+            if not self.group:
+                raise ValueError("crossover_tf: link_turn orders the allreduces of a crossover "
+                                 "group's jobs; it needs a group")
         self.compression = compression
         self.memory = devices.GpuMemoryPolicy(growth=memory_growth and memory_limit_mb is None,
                                               limit_mb=memory_limit_mb)
@@ -75,6 +90,9 @@ class CrossoverStrategy:
             else None)
         self.lease = (lease_lib.DeviceLease(self.group, self.device_key, lease_timeout_s,
                                             priority) if self.group else None)
+        self.turn = (lease_lib.LinkTurn(self.lease, link_turn, link_turn_jobs,
+                                        self._agree_on_max, link_turn_wait_s)
+                     if self.lease is not None and link_turn is not None else None)
         self.priority = priority
         self.micro_batches = micro_batches
         self.step_end_reserve_s = primary_reserve_s if priority == "primary" else 0.0
@@ -84,8 +102,8 @@ class CrossoverStrategy:
                                                  self.local_rank)
         self.allreduce_device = devices.allreduce_device(allreduce_on, self.is_crossover,
                                                          self._device)
-        logging.info("crossover_tf: rank %d/%d device %s lease %s", self.rank, self.size,
-                     self._device, self.lease)
+        logging.info("crossover_tf: rank %d/%d device %s lease %s turn %s", self.rank,
+                     self.size, self._device, self.lease, self.turn)
 
     # ----- tf.distribute-style surface -------------------------------------------------------
     @property
@@ -201,7 +219,7 @@ class CrossoverStrategy:
         sync_state = self.broadcast_variables if self.size > 1 else None
         keras_hooks.install(model, keras_hooks.CrossoverSetup(
             self.lease, self.synchronize_gradients, sync_state, self.micro_batches,
-            self.step_end_reserve_s))
+            self.step_end_reserve_s, self.turn))
 
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrites variables on every rank with root_rank's values (e.g. after restoring a
@@ -218,15 +236,23 @@ class CrossoverStrategy:
         return collectives.allreduce_gradients(grads, self.compression, self.allreduce_device)
 
     def release_device(self) -> None:
-        """Eagerly gives up the lease if held (end of training, errors); no-op otherwise."""
-        if self.lease is not None:
-            self.lease.release()
+        """Eagerly gives up the lease if held and the link turn if taken (end of training,
+        errors): the peer job never waits on us; no-op otherwise."""
+        keras_hooks.release(self.lease, self.turn)
+
+    def turn_stats(self) -> dict[str, float]:
+        """This process's link turn statistics ({} without a link turn)."""
+        return self.turn.stats().as_dict() if self.turn is not None else {}
 
     def lease_stats(self) -> dict[str, float]:
         """This process's lease statistics ({} without a crossover group)."""
         return self.lease.stats().as_dict() if self.lease is not None else {}
 
     # ----- internals -------------------------------------------------------------------------
+    def _agree_on_max(self, value: int) -> int:
+        """The largest of every rank's value (a collective: the job's ranks agree on it)."""
+        return max(collectives.allgather_objects(value)) if self.size > 1 else value
+
     def _configure_devices(self, configure: bool) -> int | None:
         """Pins this rank's GPU (before TF initialises devices); returns its CUDA ordinal."""
         gpus = tf.config.list_physical_devices("GPU")  # does not initialise the runtime

@@ -7,6 +7,9 @@ So the step is split:
     acquire(compute) -> [forward+backward+metrics: XLA] -> yield -> grouped allreduce
                      -> acquire(apply) -> [optimizer update: XLA] -> yield
 
+With a link turn the allreduce is bracketed too: turn wait -> allreduce -> turn done, so the
+group's jobs use the network one at a time (lease.link_turn).
+
 With micro_batches > 1 (a secondary job in priority mode) the compute part runs once per
 micro-batch, each under its own hold, accumulating the gradients: between micro-batches a
 waiting primary gets the device, so it never waits longer than one micro-batch.
@@ -25,6 +28,7 @@ import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from crossover_tf.collectives import map_present
 from crossover_tf.device_hold import as_unit, run_holding_device
 from crossover_tf import lease as lease_lib
 
@@ -40,7 +44,7 @@ class CrossoverTrainStep:
 
     def __init__(self, model: keras.Model, lease: lease_lib.DeviceLease | None,
                  allreduce: Allreduce, jit_compile: bool, micro_batches: int = 1,
-                 step_end_reserve_s: float = 0.0):
+                 step_end_reserve_s: float = 0.0, turn: lease_lib.LinkTurn | None = None):
         if model.optimizer is None:
             raise ValueError("crossover_tf: compile the model (with an optimizer) before fit")
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
@@ -53,6 +57,7 @@ class CrossoverTrainStep:
         self.jit_compile = bool(jit_compile)
         self.micro_batches = micro_batches
         self.step_end_reserve_s = step_end_reserve_s
+        self.turn = turn
         self.compiled = False  # set once warm_up compiled its XLA parts
         # The function names are what XLA dumps and profiles show: keep them recognisable.
         self.compute = tf.function(as_unit(self.crossover_compute_gradients),
@@ -71,10 +76,17 @@ class CrossoverTrainStep:
         for micro in self._micro_batches(data):
             grads, metrics = run_holding_device(self.lease, lease_lib.TAG_COMPUTE, self.compute,
                                                 *micro, grads)
-        grads = self.allreduce(grads)
+        grads = self._allreduce_in_turn(grads)
         run_holding_device(self.lease, lease_lib.TAG_APPLY, self.apply, grads,
                            reserve_s=self.step_end_reserve_s)
         return metrics
+
+    def _allreduce_in_turn(self, grads: list[Any]) -> list[Any]:
+        """The allreduce, after the other jobs' earlier allreduces (with a link turn)."""
+        if self.turn is None:
+            return self.allreduce(grads)
+        grads = map_present(self.turn.wait, grads)
+        return map_present(self.turn.done, self.allreduce(grads))
 
     def compute_and_apply(self, data: Any) -> tf.Tensor:
         """compute then apply without lease or allreduce: what warm_up compiles."""

@@ -54,6 +54,7 @@ class JobStats(json_io.JsonRecord):
     losses: list[float] = dataclasses.field(default_factory=list)
     step_end_ns: list[int] = dataclasses.field(default_factory=list)
     lease: dict[str, float] = dataclasses.field(default_factory=dict)
+    turn: dict[str, float] = dataclasses.field(default_factory=dict)  # link turn stats, if any
     phases_ns: list[list[int]] = dataclasses.field(default_factory=list)
     # Every lease event: [request, acquired, released, tag] wall-clock ns (all micro-batches).
     lease_events_ns: list[list[int]] = dataclasses.field(default_factory=list)

@@ -19,6 +19,8 @@ are run with the same model, data and settings as:
   naive_env, crossover_env  (opt-in) naive and crossover with --scenario_env in every
               rank's environment (e.g. HOROVOD_CYCLE_TIME=5), in the same interleaved trials:
               a runtime setting measured side by side with the plain scenarios
+  crossover_turn  (opt-in) crossover whose jobs also take link turns: one gradient allreduce
+              at a time per host, in one global order (crossover_tf.lease.link_turn)
   priority    (opt-in, 2 jobs) A as the primary, B as a secondary computing in
               --secondary_micro_batches micro-batches, sharing the lease: A's throughput
               against solo, B's against naive, A's worst wait against B's micro-batch
@@ -197,7 +199,8 @@ def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
               for top, bottom in (("crossover", "sequential"), ("crossover", "naive"),
                                   ("naive", "sequential"), ("crossover_env", "crossover"),
                                   ("crossover_env", "naive"), ("naive_env", "naive"),
-                                  ("crossover_env", "naive_env"))
+                                  ("crossover_env", "naive_env"), ("crossover_turn", "crossover"),
+                                  ("crossover_turn", "naive"), ("crossover_turn", "sequential"))
               if top in agg and bottom in agg}
     ratios["ideal_crossover_over_sequential"] = throughput.ideal_crossover_ratio(
         list(seq.values()))

@@ -17,6 +17,9 @@ RATIO_ROWS = (("crossover_over_sequential", "crossover / sequential"),
               ("crossover_env_over_naive", "crossover with --scenario_env / naive"),
               ("naive_env_over_naive", "naive with --scenario_env / naive"),
               ("crossover_env_over_naive_env", "crossover / naive, both with --scenario_env"),
+              ("crossover_turn_over_crossover", "crossover with link turns / crossover"),
+              ("crossover_turn_over_naive", "crossover with link turns / naive"),
+              ("crossover_turn_over_sequential", "crossover with link turns / sequential"),
               ("primary_over_solo", "priority: primary / its solo run"),
               ("primary_over_naive", "priority: primary / primary in naive"),
               ("secondary_over_naive", "priority: secondary / secondary in naive"),
@@ -151,6 +154,7 @@ def _ratio_panel(ax: Any, result: Mapping[str, Any]) -> None:
     keys = [k for k in ("crossover_over_sequential", "crossover_over_naive",
                         "naive_over_sequential", "crossover_env_over_crossover",
                         "naive_env_over_naive", "crossover_env_over_naive_env",
+                        "crossover_turn_over_crossover", "crossover_turn_over_naive",
                         "primary_over_solo", "secondary_over_naive")
             if k in spreads]
     for i, key in enumerate(keys):

@@ -6,7 +6,8 @@ knows how: each rank's train.py command, lease groups, start barriers, logs, fai
 Scenarios: sequential (each job alone, one after another), naive (all together, no lease),
 crossover (all together on one lease group, FIFO turns), naive_env and crossover_env (naive
 and crossover with extra environment variables for every rank, e.g. HOROVOD_CYCLE_TIME=5: a
-runtime setting measured in the same interleaved trials as the plain scenarios) and priority
+runtime setting measured in the same interleaved trials as the plain scenarios), crossover_turn
+(crossover whose jobs also take link turns: one allreduce at a time) and priority
 (two jobs on one lease group: the first is the primary, the second a secondary split into
 micro-batches).
 """
@@ -24,7 +25,7 @@ from absl import logging
 from crossover_tf_planner.job_stats import JobStats
 
 JOB_NAMES = "ABCD"  # compare.py runs 2..4 jobs, named in this order
-CONCURRENT = ("naive", "naive_env", "crossover", "crossover_env", "priority")
+CONCURRENT = ("naive", "naive_env", "crossover", "crossover_env", "crossover_turn", "priority")
 WITH_ENV = ("naive_env", "crossover_env")  # run as their base scenario, plus --scenario_env
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 
@@ -52,7 +53,11 @@ def job_names(count: int) -> tuple[str, ...]:
 def job_settings(name: str, jobs: Sequence[str], secondary_micro_batches: int
                  ) -> dict[str, dict[str, Any]]:
     """Per-job train.py settings a scenario adds: in `priority` the first job is the primary
-    and every other one a secondary computing in `secondary_micro_batches` micro-batches."""
+    and every other one a secondary computing in `secondary_micro_batches` micro-batches; in
+    `crossover_turn` job i takes link turn i of len(jobs)."""
+    if name == "crossover_turn":
+        return {job: {"link_turn": i, "link_turn_jobs": len(jobs)}
+                for i, job in enumerate(jobs)}
     if name != "priority":
         return {job: {} for job in jobs}
     return {job: ({"priority": "primary"} if i == 0 else
@@ -79,8 +84,8 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
     """Runs the jobs of scenario `name` (sequential: one after the other, each holding an
     uncontended lease so its timeline gives C and M; naive: together without a lease;
     crossover: together sharing one; naive_env and crossover_env: naive and crossover with
-    --scenario_env in every rank's environment; priority: together sharing one, as primary
-    and secondaries).
+    --scenario_env in every rank's environment; crossover_turn: crossover with link turns;
+    priority: together sharing one, as primary and secondaries).
     TensorBoard runs, logs and barriers go under `run_name` (default: the scenario's name).
     Returns each job's rank-0 stats.json contents."""
     from experiments import launch_pair

@@ -27,7 +27,8 @@ from experiments import config as config_lib  # noqa: E402
 FLAG_NAMES = ["job", "group", "model", "dataset", "data_dir", "global_batch_size", "steps",
               "epochs", "warmup_steps", "learning_rate", "momentum", "jit_compile", "model_dir",
               "seed", "lease_timeout_s", "compression", "threads", "log_every", "start_barrier",
-              "memory_limit_mb", "priority", "micro_batches", "horovod_timeline"]
+              "memory_limit_mb", "priority", "micro_batches", "horovod_timeline", "link_turn",
+              "link_turn_jobs"]
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -68,6 +69,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            enum_values=["normal", "primary", "secondary"])
     define(flags.DEFINE_integer, "micro_batches", 1, "Compute each step as this many equal "
            "micro-batches, each under its own hold (a secondary's bound on a primary's wait).")
+    define(flags.DEFINE_integer, "link_turn", -1, "This job's position in its group's "
+           "allreduce order (0, 1, ...; -1: none): the group's jobs then allreduce one at a "
+           "time (crossover_tf.lease.link_turn).")
+    define(flags.DEFINE_integer, "link_turn_jobs", 2, "How many jobs take link turns.")
     define(flags.DEFINE_string, "horovod_timeline", "", "Write Horovod's timeline (rank 0, "
            "chrome://tracing JSON) to this file; experiments/horovod_timeline.py reads it.")
 
@@ -96,6 +101,11 @@ def validate(c: Any) -> None:
                        f"global_batch_size {c.global_batch_size} must divide into "
                        f"micro_batches={c.micro_batches} equal micro-batches")
     config_lib.require(bool(c.job) and "/" not in c.job, f"bad job name {c.job!r}")
+    config_lib.require(c.link_turn < 0 or bool(c.group),
+                       "link_turn orders a crossover group's allreduces: set --group too")
+    if c.link_turn >= 0:
+        from crossover_tf.lease.link_turn import validate_turn
+        validate_turn(c.link_turn, c.link_turn_jobs)
 
 
 def settings(flag_values: flags.FlagValues = flags.FLAGS,
@@ -169,6 +179,8 @@ def _description(c: types.SimpleNamespace, strategy: Any) -> dict[str, str]:
     (and which one is the primary)."""
     return {"job": c.job, "lease group": c.group or "(none: no lease)",
             "priority": c.priority, "micro-batches per step": str(c.micro_batches),
+            "link turn": (f"{c.link_turn} of {c.link_turn_jobs}" if c.link_turn >= 0
+                          else "(none)"),
             "ranks": str(strategy.size), "model": c.model,
             "global batch": str(c.global_batch_size)}
 
@@ -189,7 +201,9 @@ def _strategy(c: types.SimpleNamespace) -> Any:
     return crossover_tf.CrossoverStrategy(group=c.group, lease_timeout_s=c.lease_timeout_s,
                                           compression=compression,
                                           memory_limit_mb=c.memory_limit_mb or None,
-                                          priority=c.priority, micro_batches=c.micro_batches)
+                                          priority=c.priority, micro_batches=c.micro_batches,
+                                          link_turn=c.link_turn if c.link_turn >= 0 else None,
+                                          link_turn_jobs=c.link_turn_jobs)
 
 
 def _compiled_model(c: types.SimpleNamespace, strategy: Any) -> Any:
@@ -233,7 +247,8 @@ def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
         timed_wall_s=float(step_times.sum()), start_ns=start_ns, end_ns=end_ns,
         cpu_s=float(np.mean([r["cpu_s"] for r in timed])),
         losses=[r["loss"] for r in records], step_end_ns=[r["end_ns"] for r in records],
-        lease=strategy.lease_stats(), peak_device_memory_mb=_peak_device_memory_mb(),
+        lease=strategy.lease_stats(), turn=strategy.turn_stats(),
+        peak_device_memory_mb=_peak_device_memory_mb(),
         **phases)
 
 

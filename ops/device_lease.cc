@@ -24,7 +24,7 @@
 namespace crossover {
 namespace {
 
-constexpr uint64_t kMagic = 0x33564f53534f5243ULL;  // "CROSSOV3", bump on layout change
+constexpr uint64_t kMagic = 0x34564f53534f5243ULL;  // "CROSSOV4", bump on layout change
 constexpr size_t kTimelineCapacity = 16384;
 constexpr int64_t kNsPerS = 1000000000;
 constexpr int64_t kPollNs = 20 * 1000 * 1000;        // liveness re-check period while waiting
@@ -55,6 +55,16 @@ struct Slot {
   uint64_t pid_ns;
 };
 
+// One job's place in the link turn order on this host (see DeviceLease::TurnWait).
+enum TurnState : int32_t { kTurnFree = 0, kTurnJoining = 1, kTurnActive = 2 };
+struct TurnEntry {
+  Owner who;        // the process of this host that runs the job's allreduces
+  int32_t state;    // TurnState
+  int32_t jobs;     // how many jobs the group has, as this job was told
+  int64_t offset;   // global index of the job's first turn
+  int64_t done;     // turns finished here; the next one is offset + done
+};
+
 struct SharedLease {
   std::atomic<uint64_t> magic;  // written last by the creator: the segment is initialised
   uint32_t struct_size;
@@ -73,7 +83,16 @@ struct SharedLease {
   Slot slots[kMaxProcesses];
   uint64_t total_handoffs;
   uint64_t total_recoveries;
+  TurnEntry turns[kMaxTurnJobs];   // indexed by position
 };
+
+const char* const kTurnStatsFields[5] = {"turns", "waited", "skipped", "wait_s",
+                                         "max_wait_s"};
+
+std::vector<double> TurnStats::Values() const {
+  return {static_cast<double>(turns), static_cast<double>(waited),
+          static_cast<double>(skipped), wait_s, max_wait_s};
+}
 
 const char* const kLeaseStatsFields[9] = {"acquires", "handoffs",   "contended",
                                           "recoveries", "wait_s",   "hold_s",
@@ -378,6 +397,15 @@ class DeviceLease::Locked {
       ++repaired;
     }
     repaired += s_->queue.Repair([this](const Owner& o) { return lease_->Alive(o); });
+    for (int i = 0; i < kMaxTurnJobs; ++i) {
+      TurnEntry& e = s_->turns[i];
+      if (e.state != kTurnFree && !lease_->Alive(e.who)) {
+        Warn("job at link turn position " + std::to_string(i) + " of " + lease_->name_ +
+             " (pid " + std::to_string(e.who.pid) + ") is gone; its turns are no longer waited for");
+        e = TurnEntry{};
+        ++repaired;
+      }
+    }
     if (repaired) {
       Count(repaired);
       WakeAll(s_);
@@ -505,11 +533,14 @@ LeaseStatus DeviceLease::Get(const std::string& group, const std::string& device
 }
 
 DeviceLease::DeviceLease(std::string name, int fd, SharedLease* shared)
-    : name_(std::move(name)), shared_(shared), lock_fd_(fd) {
-  events_.reserve(256);
-}
+    : name_(std::move(name)),
+      shared_(shared),
+      lock_fd_(fd),
+      events_(kTimelineCapacity),
+      turn_events_(kTimelineCapacity) {}
 
 DeviceLease::~DeviceLease() {
+  TurnLeave();
   Release();
   munmap(shared_, sizeof(SharedLease));
   if (lock_fd_ >= 0) close(lock_fd_);  // drops our slot lock: we are gone
@@ -738,6 +769,203 @@ LeaseStatus DeviceLease::ReleaseAfter(const std::function<LeaseStatus()>& drain,
   return drained.ok() ? released : drained;
 }
 
+// ----- link turns -------------------------------------------------------------------------
+
+LeaseStatus DeviceLease::ValidateTurn(int64_t position, int64_t jobs) {
+  if (jobs >= 1 && jobs <= kMaxTurnJobs && position >= 0 && position < jobs) {
+    return LeaseStatus::Ok();
+  }
+  return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                            "crossover link turn: jobs must be in [1, " +
+                                std::to_string(kMaxTurnJobs) + "] and position in [0, jobs), got "
+                                "position " + std::to_string(position) + " of " +
+                                std::to_string(jobs) + " jobs");
+}
+
+LeaseStatus DeviceLease::TurnJoin(int32_t position, int32_t jobs, int64_t* next_index) {
+  LeaseStatus status = ValidateTurn(position, jobs);
+  Owner me;
+  if (status.ok()) status = Identity(&me);
+  if (!status.ok()) return status;
+  SharedLease* s = shared_;
+  Locked locked(this);
+  status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
+  if (!status.ok()) return status;
+  int64_t next = 0;
+  for (int i = 0; i < kMaxTurnJobs; ++i) {
+    const TurnEntry& e = s->turns[i];
+    if (e.state == kTurnFree || e.who == me) continue;
+    if (e.jobs != jobs) {
+      return LeaseStatus::Error(
+          LeaseCode::kInvalidArgument,
+          "crossover link turn of " + name_ + ": pid " + std::to_string(e.who.pid) +
+              " joined as one of " + std::to_string(e.jobs) + " jobs, this process as one of " +
+              std::to_string(jobs) + "; every job of the group must name the same count");
+    }
+    if (i == position) {
+      return LeaseStatus::Error(
+          LeaseCode::kInvalidArgument,
+          "crossover link turn position " + std::to_string(position) + " of " + name_ +
+              " is taken by pid " + std::to_string(e.who.pid) +
+              "; give each job of the group its own position");
+    }
+    if (e.state == kTurnActive) next = std::max(next, e.offset + e.done);
+  }
+  for (TurnEntry& e : s->turns) {
+    if (e.who == me) e = TurnEntry{};
+  }
+  s->turns[position] = TurnEntry{me, kTurnJoining, jobs, 0, 0};
+  locked.Unlock();
+  std::lock_guard<std::mutex> local(local_mu_);
+  turn_position_ = position;
+  *next_index = next;
+  return LeaseStatus::Ok();
+}
+
+// Finds this process's entry (with the shared mutex held); an error if it never joined or a
+// peer dropped it as dead (which only happens if our slot lock was lost).
+LeaseStatus DeviceLease::MyTurnEntry(Locked* locked, const Owner& me, int32_t* position) {
+  {
+    std::lock_guard<std::mutex> local(local_mu_);
+    *position = turn_position_;
+  }
+  LeaseStatus status = locked->Lock(MonoNs() + kReleaseLockBoundNs);
+  if (!status.ok()) return status;
+  if (*position < 0 || !(shared_->turns[*position].who == me)) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "crossover link turn of " + name_ + ": this process has not "
+                              "joined (TurnJoin before TurnStart, TurnWait or TurnDone)");
+  }
+  return LeaseStatus::Ok();
+}
+
+LeaseStatus DeviceLease::TurnStart(int64_t offset) {
+  if (offset < 0) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "crossover link turn offset must be >= 0, got " +
+                                  std::to_string(offset));
+  }
+  Owner me;
+  LeaseStatus status = Identity(&me);
+  if (!status.ok()) return status;
+  Locked locked(this);
+  int32_t position;
+  status = MyTurnEntry(&locked, me, &position);
+  if (!status.ok()) return status;
+  TurnEntry& e = shared_->turns[position];
+  e.state = kTurnActive;
+  e.offset = offset;
+  e.done = 0;
+  WakeAll(shared_);
+  return LeaseStatus::Ok();
+}
+
+// The position of a live job whose next turn comes before `position`'s next turn, or -1.
+// Turn (g, p) comes before (g', p') if g < g', or g == g' and p < p'.
+int DeviceLease::TurnBlocker(int32_t position) const {
+  const TurnEntry& mine = shared_->turns[position];
+  const int64_t g = mine.offset + mine.done;
+  for (int i = 0; i < kMaxTurnJobs; ++i) {
+    const TurnEntry& e = shared_->turns[i];
+    if (i == position || e.state != kTurnActive) continue;
+    const int64_t their = e.offset + e.done;
+    if (their < g || (their == g && i < position)) return i;
+  }
+  return -1;
+}
+
+LeaseStatus DeviceLease::TurnWait(double wait_s, bool* skipped) {
+  *skipped = false;
+  LeaseStatus status = ValidateTimeout(wait_s);
+  Owner me;
+  if (status.ok()) status = Identity(&me);
+  if (!status.ok()) return status;
+  const int64_t start = MonoNs(), request_wall = WallNs();
+  const int64_t deadline = start + static_cast<int64_t>(wait_s * 1e9);
+  Locked locked(this);
+  int32_t position;
+  status = MyTurnEntry(&locked, me, &position);
+  if (!status.ok()) return status;
+  if (shared_->turns[position].state != kTurnActive) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "crossover link turn of " + name_ + ": TurnStart first");
+  }
+  bool waited = false;
+  while (TurnBlocker(position) >= 0) {
+    const int64_t now = MonoNs();
+    if (now >= deadline) {
+      *skipped = true;
+      break;
+    }
+    waited = true;
+    const uint32_t seq = shared_->wake_seq.load();
+    locked.Unlock();
+    const timespec wait = ToTimespec(std::min(kPollNs, deadline - now));
+    Futex(&shared_->wake_seq, FUTEX_WAIT, seq, &wait);
+    status = locked.Lock(MonoNs() + kReleaseLockBoundNs);  // also drops peers that died
+    if (!status.ok()) return status;
+  }
+  // Stamped under the mutex, like the lease's release: the predecessor's done_ns was taken
+  // before its count went up, so the two turns never seem to overlap in the timelines.
+  const int64_t start_wall = WallNs();
+  locked.Unlock();
+  const double seconds = (MonoNs() - start) / 1e9;
+  std::lock_guard<std::mutex> local(local_mu_);
+  turn_stats_.turns++;
+  turn_stats_.waited += waited;
+  turn_stats_.skipped += *skipped;
+  turn_stats_.wait_s += seconds;
+  turn_stats_.max_wait_s = std::max(turn_stats_.max_wait_s, seconds);
+  turn_events_.Push(TurnEvent{request_wall, start_wall, 0, *skipped ? 1 : 0});
+  return LeaseStatus::Ok();
+}
+
+LeaseStatus DeviceLease::TurnDone() {
+  Owner me;
+  LeaseStatus status = Identity(&me);
+  if (!status.ok()) return status;
+  Locked locked(this);
+  int32_t position;
+  status = MyTurnEntry(&locked, me, &position);
+  if (!status.ok()) return status;
+  const int64_t done_wall = WallNs();
+  shared_->turns[position].done++;
+  WakeAll(shared_);
+  locked.Unlock();
+  std::lock_guard<std::mutex> local(local_mu_);
+  if (TurnEvent* last = turn_events_.Last()) last->done_ns = done_wall;
+  return LeaseStatus::Ok();
+}
+
+LeaseStatus DeviceLease::TurnLeave() {
+  int32_t position;
+  {
+    std::lock_guard<std::mutex> local(local_mu_);
+    position = turn_position_;
+    turn_position_ = -1;
+  }
+  if (position < 0) return LeaseStatus::Ok();
+  Owner me;
+  LeaseStatus status = Identity(&me);
+  if (!status.ok()) return status;
+  Locked locked(this);
+  status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
+  if (!status.ok()) return status;
+  if (shared_->turns[position].who == me) shared_->turns[position] = TurnEntry{};
+  WakeAll(shared_);
+  return LeaseStatus::Ok();
+}
+
+TurnStats DeviceLease::GetTurnStats() const {
+  std::lock_guard<std::mutex> local(local_mu_);
+  return turn_stats_;
+}
+
+std::vector<TurnEvent> DeviceLease::TurnTimeline() const {
+  std::lock_guard<std::mutex> local(local_mu_);
+  return turn_events_.Ordered();
+}
+
 // ----- this process's statistics and timeline ---------------------------------------------
 
 void DeviceLease::RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,
@@ -753,16 +981,7 @@ void DeviceLease::RecordAcquired(int64_t request_wall, int64_t acquired_wall, in
   stats_.held = true;
   held_since_mono_ns_ = acquired_mono;
   held_priority_ = priority;
-  const LeaseEvent event{request_wall, acquired_wall, 0, tag};
-  size_t at = next_event_;
-  if (events_.size() < kTimelineCapacity) {
-    at = events_.size();
-    events_.push_back(event);
-  } else {
-    events_[at] = event;
-  }
-  last_event_ = at;
-  next_event_ = (at + 1) % kTimelineCapacity;
+  events_.Push(LeaseEvent{request_wall, acquired_wall, 0, tag});
 }
 
 void DeviceLease::RecordReleased(int64_t released_wall, int64_t released_mono) {
@@ -771,7 +990,7 @@ void DeviceLease::RecordReleased(int64_t released_wall, int64_t released_mono) {
   stats_.hold_s += held;
   stats_.max_hold_s = std::max(stats_.max_hold_s, held);
   stats_.held = false;
-  if (!events_.empty()) events_[last_event_].released_ns = released_wall;
+  if (LeaseEvent* last = events_.Last()) last->released_ns = released_wall;
 }
 
 LeaseStats DeviceLease::Stats() const {
@@ -783,10 +1002,7 @@ LeaseStats DeviceLease::Stats() const {
 
 std::vector<LeaseEvent> DeviceLease::Timeline() const {
   std::lock_guard<std::mutex> local(local_mu_);
-  if (events_.size() < kTimelineCapacity) return events_;
-  std::vector<LeaseEvent> ordered(events_.begin() + next_event_, events_.end());
-  ordered.insert(ordered.end(), events_.begin(), events_.begin() + next_event_);
-  return ordered;
+  return events_.Ordered();
 }
 
 // ----- test hooks -------------------------------------------------------------------------

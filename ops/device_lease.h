@@ -20,11 +20,17 @@
 //  * Bounded waits: acquire has a timeout, and so does the wait for the internal mutex (a
 //    process stopped inside it, e.g. Ctrl-Z, gives a clear error, not a hang).
 //  * fork(): a child never inherits its parent's hold; it gets its own identity on first use.
+//
+// The same segment also keeps the jobs' *link turn*: the order in which the jobs of the group
+// run their gradient allreduces, so that they use the network one at a time instead of
+// partly overlapping (see TurnWait). It is a wait, never a hold: nothing is owned while a
+// process is blocked in a collective, and the order is one global order on every host.
 #ifndef CROSSOVER_TF_OPS_DEVICE_LEASE_H_
 #define CROSSOVER_TF_OPS_DEVICE_LEASE_H_
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -59,6 +65,7 @@ constexpr int kMaxWaiters = 64;     // waiting threads, all processes together
 constexpr int kMaxProcesses = 64;   // processes that have one lease open at once
 constexpr double kMaxTimeoutS = 30.0 * 24 * 3600;  // acquire timeouts above this are refused
 constexpr double kMaxReserveS = 10.0;              // longest reservation a yield may leave
+constexpr int kMaxTurnJobs = 8;                    // jobs of one group that take link turns
 
 // Priority classes. Waiters queue by class, FIFO within one: peers of one class take turns;
 // a primary never queues behind a secondary.
@@ -78,11 +85,57 @@ struct LeaseStats {
 };
 extern const char* const kLeaseStatsFields[9];
 
+// Statistics of this process's link turns (cumulative since the lease was opened).
+struct TurnStats {
+  uint64_t turns = 0;        // turns taken (TurnWait calls that returned)
+  uint64_t waited = 0;       // turns that had to wait for another job's allreduce
+  uint64_t skipped = 0;      // turns taken without the predecessor done (wait bound passed)
+  double wait_s = 0, max_wait_s = 0;
+  std::vector<double> Values() const;
+};
+extern const char* const kTurnStatsFields[5];
+
 // One acquire/release cycle; wall-clock (CLOCK_REALTIME) nanoseconds so the timelines of two
 // processes on the same host line up.
 struct LeaseEvent {
   int64_t request_ns = 0, acquired_ns = 0, released_ns = 0;  // released_ns == 0: still held
   int64_t tag = 0;                                           // caller's label (e.g. phase)
+  std::array<int64_t, 4> Row() const { return {request_ns, acquired_ns, released_ns, tag}; }
+};
+
+// One link turn (wall-clock ns): asked for, begun (the wait is over), done (0: not yet).
+struct TurnEvent {
+  int64_t request_ns = 0, start_ns = 0, done_ns = 0;
+  int64_t skipped = 0;  // 1: begun because the wait bound passed, not because it was our turn
+  std::array<int64_t, 4> Row() const { return {request_ns, start_ns, done_ns, skipped}; }
+};
+
+// The newest `capacity` events of one kind, oldest first on read.
+template <typename Event>
+class EventRing {
+ public:
+  explicit EventRing(size_t capacity) : capacity_(capacity) {}
+  void Push(const Event& e) {
+    if (events_.size() < capacity_) {
+      last_ = events_.size();
+      events_.push_back(e);
+    } else {
+      last_ = next_;
+      events_[last_] = e;
+    }
+    next_ = (last_ + 1) % capacity_;
+  }
+  Event* Last() { return events_.empty() ? nullptr : &events_[last_]; }
+  std::vector<Event> Ordered() const {
+    if (events_.size() < capacity_) return events_;
+    std::vector<Event> ordered(events_.begin() + next_, events_.end());
+    ordered.insert(ordered.end(), events_.begin(), events_.begin() + next_);
+    return ordered;
+  }
+
+ private:
+  size_t capacity_, next_ = 0, last_ = 0;
+  std::vector<Event> events_;
 };
 
 // Who holds or waits: a slot (whose lock byte proves liveness) plus a nonce that makes the
@@ -132,6 +185,7 @@ class DeviceLease {
   static LeaseStatus ValidateTimeout(double timeout_s);
   static LeaseStatus ValidatePriority(int64_t priority);
   static LeaseStatus ValidateReserve(double reserve_s);
+  static LeaseStatus ValidateTurn(int64_t position, int64_t jobs);
 
   // Blocks until this process holds the lease, or timeout_s elapses (kDeadlineExceeded).
   // Holding it already is a no-op. priority is a LeasePriority.
@@ -145,6 +199,26 @@ class DeviceLease {
   // Runs drain (e.g. wait for the device's stream), then releases whatever drain returned:
   // the lease is given up on every path and drain's error is the one reported.
   LeaseStatus ReleaseAfter(const std::function<LeaseStatus()>& drain, double reserve_s = 0);
+
+  // Link turns. Job `position` of `jobs` (the same numbering on every host) runs its allreduce
+  // number k as global turn (offset + k, position), and the turns go in that order on every
+  // host. Joining is two calls around an agreement among the job's own ranks:
+  //   TurnJoin   registers this process at `position`; returns the next turn index of the
+  //              jobs already turning here (a late job goes after them);
+  //   TurnStart  with the offset the job's ranks agreed on (e.g. the max of TurnJoin's).
+  // Any value works for safety as long as all ranks of the job use the same one: the waits
+  // then follow one total order and cannot form a cycle.
+  LeaseStatus TurnJoin(int32_t position, int32_t jobs, int64_t* next_index);
+  LeaseStatus TurnStart(int64_t offset);
+  // Blocks until every earlier turn of the other jobs turning on this host is done, or for
+  // wait_s at most (then *skipped: the order is only a schedule, never needed for
+  // correctness, and a paused peer must not stall this job). A peer that died or left is
+  // no longer waited for.
+  LeaseStatus TurnWait(double wait_s, bool* skipped);
+  LeaseStatus TurnDone();   // this process's current turn is over (its allreduce returned)
+  LeaseStatus TurnLeave();  // stop turning (end of training); peers stop waiting for us
+  TurnStats GetTurnStats() const;
+  std::vector<TurnEvent> TurnTimeline() const;
 
   LeaseStats Stats() const;
   std::vector<LeaseEvent> Timeline() const;
@@ -168,6 +242,8 @@ class DeviceLease {
   LeaseStatus WaitForTurn(Locked* locked, const Owner& me, int32_t priority, int64_t deadline,
                           double timeout_s, bool* contended, bool* reentrant);
   bool ReservedAgainst(const Owner& me, int32_t priority) const;
+  LeaseStatus MyTurnEntry(Locked* locked, const Owner& me, int32_t* position);
+  int TurnBlocker(int32_t position) const;
   LeaseStatus TimeoutError(double timeout_s, const Owner& me) const;
   void RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,
                       bool handoff, bool contended, int64_t tag, int32_t priority);
@@ -182,10 +258,12 @@ class DeviceLease {
   pid_t identity_pid_ = 0;       // the process that claimed me_ (differs after fork)
   Owner me_;
   LeaseStats stats_;
-  std::vector<LeaseEvent> events_;  // ring buffer
-  size_t next_event_ = 0, last_event_ = 0;
+  EventRing<LeaseEvent> events_;
+  EventRing<TurnEvent> turn_events_;
   int64_t held_since_mono_ns_ = 0;
   int32_t held_priority_ = kNormal;  // the class of this process's current or last hold
+  int32_t turn_position_ = -1;       // this process's link turn position, -1: not joined
+  TurnStats turn_stats_;
 };
 
 // Hooks for device_lease_test.cc only: they let a test create the rare states (a process

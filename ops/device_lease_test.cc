@@ -437,6 +437,172 @@ struct Test {
   const char* name;
   void (*fn)();
 };
+
+// ----- link turns -------------------------------------------------------------------------
+
+// Memory shared by a test and its forked jobs: a start barrier and the order turns were taken.
+struct TurnLog {
+  std::atomic<int> ready;
+  std::atomic<int> size;
+  int positions[64];
+  static TurnLog* Make() {
+    void* p = mmap(nullptr, sizeof(TurnLog), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    EXPECT(p != MAP_FAILED, "mmap");
+    return new (p) TurnLog{};
+  }
+  void Record(int position) { positions[size.fetch_add(1)] = position; }
+  std::string Order() const {
+    std::string out;
+    for (int i = 0; i < size.load(); ++i) out += std::to_string(positions[i]);
+    return out;
+  }
+};
+
+pid_t Spawn(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(30);
+    _exit(body());
+  }
+  return pid;
+}
+
+int Reap(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Joins at position, waits until `jobs` processes have joined, then takes `turns` turns, each
+// "allreducing" for hold_ms. Exit code 0 only if no turn was skipped.
+int TurnJob(const TestGroup& g, TurnLog* log, int position, int jobs, int turns, int hold_ms) {
+  auto lease = g.Open();
+  int64_t next = -1;
+  if (!lease->TurnJoin(position, jobs, &next).ok() || !lease->TurnStart(next).ok()) return 2;
+  log->ready.fetch_add(1);
+  while (log->ready.load() < jobs) usleep(1000);
+  for (int k = 0; k < turns; ++k) {
+    bool skipped = true;
+    if (!lease->TurnWait(10, &skipped).ok() || skipped) return 3;
+    log->Record(position);
+    usleep(hold_ms * 1000);
+    if (!lease->TurnDone().ok()) return 4;
+  }
+  return lease->TurnLeave().ok() ? 0 : 5;
+}
+
+void TestTurnValidation() {
+  EXPECT(DeviceLease::ValidateTurn(1, 2).ok(), "position 1 of 2 rejected");
+  for (auto [p, j] : std::vector<std::pair<int, int>>{{2, 2}, {-1, 2}, {0, 0},
+                                                      {0, kMaxTurnJobs + 1}}) {
+    EXPECT(!DeviceLease::ValidateTurn(p, j).ok(), "accepted position " << p << " of " << j);
+  }
+  TestGroup g("turn_validation");
+  auto lease = g.Open();
+  bool skipped;
+  EXPECT(Contains(lease->TurnWait(1, &skipped).message, "not joined"), "wait before join");
+  EXPECT(Contains(lease->TurnDone().message, "not joined"), "done before join");
+  int64_t next;
+  EXPECT(lease->TurnJoin(0, 2, &next).ok() && next == 0, "join");
+  EXPECT(Contains(lease->TurnWait(1, &skipped).message, "TurnStart first"), "wait before start");
+  EXPECT(!lease->TurnStart(-1).ok(), "negative offset accepted");
+  // Another job that claims the same position, or another job count, is refused.
+  const int taken = InChild([&] {
+    int64_t n;
+    const LeaseStatus s = g.Open()->TurnJoin(0, 2, &n);
+    return Contains(s.message, "position 0") && Contains(s.message, "is taken") ? 0 : 1;
+  });
+  EXPECT(taken == 0, "a second job joined at a taken position");
+  const int count = InChild([&] {
+    int64_t n;
+    const LeaseStatus s = g.Open()->TurnJoin(1, 3, &n);
+    return Contains(s.message, "same count") ? 0 : 1;
+  });
+  EXPECT(count == 0, "a job with another job count joined");
+}
+
+// Two jobs take their turns alternately, whatever order they reach them in.
+void TestTurnsAlternate() {
+  TestGroup g("turns_alternate");
+  TurnLog* log = TurnLog::Make();
+  // Job 1 reaches its turns faster (shorter "allreduce") but must still go second each time.
+  const pid_t a = Spawn([&] { return TurnJob(g, log, 0, 2, 5, 30); });
+  const pid_t b = Spawn([&] { return TurnJob(g, log, 1, 2, 5, 1); });
+  const int ra = Reap(a), rb = Reap(b);
+  EXPECT(ra == 0 && rb == 0, "jobs failed or skipped turns: " << ra << ", " << rb);
+  EXPECT(log->Order() == "0101010101", "turn order " << log->Order());
+  munmap(log, sizeof(TurnLog));
+}
+
+// A job that joins late goes after the turns already under way, not back at turn 0.
+void TestLateJobGoesAfter() {
+  TestGroup g("late_job");
+  auto lease = g.Open();
+  int64_t next;
+  EXPECT(lease->TurnJoin(0, 2, &next).ok() && lease->TurnStart(next).ok(), "join");
+  bool skipped;
+  for (int k = 0; k < 3; ++k) {
+    EXPECT(lease->TurnWait(1, &skipped).ok() && !skipped, "turn alone");
+    EXPECT(lease->TurnDone().ok(), "done");
+  }
+  const int late = InChild([&] {
+    auto l = g.Open();
+    int64_t n = -1;
+    if (!l->TurnJoin(1, 2, &n).ok() || n != 3) return 1;
+    if (!l->TurnStart(n).ok()) return 2;
+    bool sk = false;
+    // Turn (3, 1) comes after job 0's turn (3, 0), which is not done: waits, then skips.
+    if (!l->TurnWait(0.2, &sk).ok() || !sk) return 3;
+    return 0;
+  });
+  EXPECT(late == 0, "late joiner: " << late);
+  EXPECT(lease->TurnLeave().ok(), "leave");
+}
+
+// A job that died (or left) is not waited for; a live one that pauses is, for wait_s at most.
+void TestDeadOrPausedPeer() {
+  TestGroup g("dead_or_paused");
+  int to_child[2];
+  EXPECT(pipe(to_child) == 0, "pipe");
+  TurnLog* log = TurnLog::Make();
+  const pid_t paused = Spawn([&] {
+    auto l = g.Open();
+    int64_t n;
+    if (!l->TurnJoin(0, 2, &n).ok() || !l->TurnStart(n).ok()) return 1;
+    log->ready.fetch_add(1);
+    char byte;
+    return read(to_child[0], &byte, 1) == 1 ? 0 : 2;  // alive, never turning, until told
+  });
+  while (log->ready.load() < 1) usleep(1000);
+  auto lease = g.Open();
+  int64_t next;
+  EXPECT(lease->TurnJoin(1, 2, &next).ok() && lease->TurnStart(next).ok(), "join");
+  bool skipped = false;
+  double t0 = MonoS();
+  EXPECT(lease->TurnWait(0.3, &skipped).ok() && skipped, "did not skip a paused peer");
+  EXPECT(MonoS() - t0 >= 0.29 && MonoS() - t0 < 2, "waited " << MonoS() - t0);
+  kill(paused, SIGKILL);
+  Reap(paused);
+  EXPECT(lease->TurnDone().ok(), "done");
+  t0 = MonoS();
+  EXPECT(lease->TurnWait(5, &skipped).ok() && !skipped, "waited for a dead peer");
+  EXPECT(MonoS() - t0 < 1, "a dead peer held us " << MonoS() - t0 << " s");
+  const TurnStats stats = lease->GetTurnStats();
+  EXPECT(stats.turns == 2 && stats.skipped == 1 && stats.waited == 1,
+         "stats " << stats.turns << "/" << stats.skipped << "/" << stats.waited);
+  const std::vector<TurnEvent> turns = lease->TurnTimeline();
+  EXPECT(turns.size() == 2 && turns[0].skipped == 1 && turns[1].skipped == 0,
+         "timeline of " << turns.size() << " turns");
+  EXPECT(turns[0].start_ns - turns[0].request_ns >= 290000000 &&
+             turns[0].done_ns >= turns[0].start_ns && turns[1].done_ns == 0,
+         "turn times " << turns[0].request_ns << " " << turns[0].start_ns << " "
+                       << turns[0].done_ns << " " << turns[1].done_ns);
+  close(to_child[0]);
+  close(to_child[1]);
+  munmap(log, sizeof(TurnLog));
+}
+
 const Test kTests[] = {
     {"validation", TestValidation},
     {"queue_repair", TestQueueRepair},
@@ -451,6 +617,10 @@ const Test kTests[] = {
     {"queue_orders_by_priority", TestQueueOrdersByPriority},
     {"primary_goes_before_earlier_secondary", TestPrimaryGoesBeforeEarlierSecondary},
     {"reservation_keeps_lower_classes_out", TestReservationKeepsLowerClassesOut},
+    {"turn_validation", TestTurnValidation},
+    {"turns_alternate", TestTurnsAlternate},
+    {"late_job_goes_after", TestLateJobGoesAfter},
+    {"dead_or_paused_peer", TestDeadOrPausedPeer},
 };
 
 }  // namespace

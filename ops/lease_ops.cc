@@ -4,12 +4,14 @@
 // (forwarding buffers, no copies), so graph data flow expresses "after the gradients exist"
 // and "before the optimizer update". Both are stateful so grappler never prunes, dedups or
 // reorders them.
+#include <array>
 #include <memory>
 #include <string>
 
 #include "device_lease.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "xla/stream_executor/stream.h"
 
@@ -115,39 +117,117 @@ class YieldLeaseOp : public LeaseKernel {
   float reserve_s_ = 0;
 };
 
+// Writes values and, in the same order, their names to outputs 0 and 1.
+void OutputNamedValues(OpKernelContext* ctx, const std::vector<double>& values,
+                       const char* const* names) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  Tensor* out = nullptr;
+  Tensor* names_out = nullptr;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &names_out));
+  for (int64_t i = 0; i < n; ++i) {
+    out->flat<double>()(i) = values[i];
+    names_out->flat<tensorflow::tstring>()(i) = names[i];
+  }
+}
+
 class LeaseStatsOp : public LeaseKernel {
  public:
   using LeaseKernel::LeaseKernel;
   void Compute(OpKernelContext* ctx) override {
-    const std::vector<double> values = lease_->Stats().Values();
-    const int64_t n = static_cast<int64_t>(values.size());
-    Tensor* out = nullptr;
-    Tensor* names = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &names));
-    for (int64_t i = 0; i < n; ++i) {
-      out->flat<double>()(i) = values[i];
-      names->flat<tensorflow::tstring>()(i) = kLeaseStatsFields[i];
-    }
+    OutputNamedValues(ctx, lease_->Stats().Values(), kLeaseStatsFields);
   }
 };
+
+class TurnStatsOp : public LeaseKernel {
+ public:
+  using LeaseKernel::LeaseKernel;
+  void Compute(OpKernelContext* ctx) override {
+    OutputNamedValues(ctx, lease_->GetTurnStats().Values(), kTurnStatsFields);
+  }
+};
+
+class TurnJoinOp : public LeaseKernel {
+ public:
+  explicit TurnJoinOp(OpKernelConstruction* ctx) : LeaseKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("position", &position_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("jobs", &jobs_));
+    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidateTurn(position_, jobs_)));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    int64_t next = 0;
+    OP_REQUIRES_OK(ctx, ToTf(lease_->TurnJoin(position_, jobs_, &next)));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = next;
+  }
+
+ private:
+  int64_t position_ = 0, jobs_ = 0;
+};
+
+class TurnStartOp : public LeaseKernel {
+ public:
+  using LeaseKernel::LeaseKernel;
+  void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, ToTf(lease_->TurnStart(ctx->input(0).scalar<int64_t>()())));
+  }
+};
+
+class TurnLeaveOp : public LeaseKernel {
+ public:
+  using LeaseKernel::LeaseKernel;
+  void Compute(OpKernelContext* ctx) override { OP_REQUIRES_OK(ctx, ToTf(lease_->TurnLeave())); }
+};
+
+class TurnWaitOp : public LeaseKernel {
+ public:
+  explicit TurnWaitOp(OpKernelConstruction* ctx) : LeaseKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("wait_seconds", &wait_s_));
+    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidateTimeout(wait_s_)));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    bool skipped = false;  // counted in the turn stats
+    OP_REQUIRES_OK(ctx, ToTf(lease_->TurnWait(wait_s_, &skipped)));
+    ForwardInputs(ctx);
+  }
+
+ private:
+  float wait_s_ = 0;
+};
+
+class TurnDoneOp : public LeaseKernel {
+ public:
+  using LeaseKernel::LeaseKernel;
+  void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, ToTf(lease_->TurnDone()));
+    ForwardInputs(ctx);
+  }
+};
+
+// Writes events as an [n, 4] int64 matrix of their Row()s, oldest first.
+template <typename Event>
+void OutputEvents(OpKernelContext* ctx, const std::vector<Event>& events) {
+  Tensor* out = nullptr;
+  const int64_t n = static_cast<int64_t>(events.size());
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, 4}), &out));
+  auto m = out->matrix<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const std::array<int64_t, 4> row = events[i].Row();
+    for (int j = 0; j < 4; ++j) m(i, j) = row[j];
+  }
+}
 
 class LeaseTimelineOp : public LeaseKernel {
  public:
   using LeaseKernel::LeaseKernel;
-  void Compute(OpKernelContext* ctx) override {
-    const std::vector<LeaseEvent> events = lease_->Timeline();
-    Tensor* out = nullptr;
-    const int64_t n = static_cast<int64_t>(events.size());
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, 4}), &out));
-    auto m = out->matrix<int64_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      m(i, 0) = events[i].request_ns;
-      m(i, 1) = events[i].acquired_ns;
-      m(i, 2) = events[i].released_ns;
-      m(i, 3) = events[i].tag;
-    }
-  }
+  void Compute(OpKernelContext* ctx) override { OutputEvents(ctx, lease_->Timeline()); }
+};
+
+class TurnTimelineOp : public LeaseKernel {
+ public:
+  using LeaseKernel::LeaseKernel;
+  void Compute(OpKernelContext* ctx) override { OutputEvents(ctx, lease_->TurnTimeline()); }
 };
 
 }  // namespace
@@ -186,45 +266,142 @@ reserve_seconds > 0: then waiters of a lower priority class than this process's 
 for that long, or until this process acquires again.
 )doc");
 
+template <size_t kFields>
+absl::Status NamedValuesShape(InferenceContext* c) {
+  c->set_output(0, c->Vector(kFields));
+  c->set_output(1, c->Vector(kFields));
+  return absl::OkStatus();
+}
+
 REGISTER_OP("CrossoverLeaseStats")
     .Output("stats: float64")
     .Output("names: string")
     .Attr("group: string")
     .Attr("device_key: string")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      constexpr int64_t n = sizeof(kLeaseStatsFields) / sizeof(kLeaseStatsFields[0]);
-      c->set_output(0, c->Vector(n));
-      c->set_output(1, c->Vector(n));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(NamedValuesShape<sizeof(kLeaseStatsFields) / sizeof(kLeaseStatsFields[0])>)
     .Doc(R"doc(
 This process's lease statistics and, in the same order, their names (acquires, handoffs,
 contended, recoveries, wait_s, hold_s, max_wait_s, max_hold_s, held).
 )doc");
+
+REGISTER_OP("CrossoverLinkTurnStats")
+    .Output("stats: float64")
+    .Output("names: string")
+    .Attr("group: string")
+    .Attr("device_key: string")
+    .SetIsStateful()
+    .SetShapeFn(NamedValuesShape<sizeof(kTurnStatsFields) / sizeof(kTurnStatsFields[0])>)
+    .Doc(R"doc(
+This process's link turn statistics and their names (turns, waited, skipped, wait_s,
+max_wait_s).
+)doc");
+
+REGISTER_OP("CrossoverLinkTurnJoin")
+    .Output("next_index: int64")
+    .Attr("group: string")
+    .Attr("device_key: string")
+    .Attr("position: int")
+    .Attr("jobs: int")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Registers this process as job `position` of `jobs` in the group's link turn order on this
+host; returns the next turn index of the jobs already turning here. Start with
+CrossoverLinkTurnStart once the job's ranks agreed on an offset.
+)doc");
+
+REGISTER_OP("CrossoverLinkTurnStart")
+    .Input("offset: int64")
+    .Attr("group: string")
+    .Attr("device_key: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Starts taking link turns: this job's allreduce k is global turn offset + k.
+)doc");
+
+REGISTER_OP("CrossoverLinkTurnLeave")
+    .Attr("group: string")
+    .Attr("device_key: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Stops taking link turns (end of training): the other jobs no longer wait for this one.
+)doc");
+
+REGISTER_OP("CrossoverLinkTurnWait")
+    .Input("inputs: T")
+    .Output("outputs: T")
+    .Attr("T: list(type) >= 0")
+    .Attr("group: string")
+    .Attr("device_key: string")
+    .Attr("wait_seconds: float = 10")
+    .SetIsStateful()
+    .SetShapeFn(PassThroughShapes)
+    .Doc(R"doc(
+Waits until the other jobs' earlier allreduces on this host are done (or wait_seconds pass, or
+they die or leave), then passes its inputs through: put it between the gradients and their
+allreduce. Never holds anything while it waits.
+)doc");
+
+REGISTER_OP("CrossoverLinkTurnDone")
+    .Input("inputs: T")
+    .Output("outputs: T")
+    .Attr("T: list(type) >= 0")
+    .Attr("group: string")
+    .Attr("device_key: string")
+    .SetIsStateful()
+    .SetShapeFn(PassThroughShapes)
+    .Doc(R"doc(
+Marks this job's current link turn done once its inputs (the allreduced gradients) exist.
+)doc");
+
+absl::Status EventMatrixShape(InferenceContext* c) {
+  c->set_output(0, c->Matrix(c->UnknownDim(), 4));
+  return absl::OkStatus();
+}
 
 REGISTER_OP("CrossoverLeaseTimeline")
     .Output("events: int64")
     .Attr("group: string")
     .Attr("device_key: string")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Matrix(c->UnknownDim(), 4));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(EventMatrixShape)
     .Doc(R"doc(
 This process's recent lease events, oldest first: [request_ns, acquired_ns, released_ns, tag]
 in CLOCK_REALTIME nanoseconds (released_ns = 0 while held).
+)doc");
+
+REGISTER_OP("CrossoverLinkTurnTimeline")
+    .Output("events: int64")
+    .Attr("group: string")
+    .Attr("device_key: string")
+    .SetIsStateful()
+    .SetShapeFn(EventMatrixShape)
+    .Doc(R"doc(
+This process's recent link turns, oldest first: [request_ns, start_ns, done_ns, skipped] in
+CLOCK_REALTIME nanoseconds (done_ns = 0 while the turn's allreduce runs; skipped = 1 when the
+turn began because the wait bound passed).
 )doc");
 
 REGISTER_KERNEL_BUILDER(Name("CrossoverAcquireLease").Device(DEVICE_CPU), AcquireLeaseOp);
 REGISTER_KERNEL_BUILDER(Name("CrossoverYieldLease").Device(DEVICE_CPU), YieldLeaseOp<false>);
 REGISTER_KERNEL_BUILDER(Name("CrossoverLeaseStats").Device(DEVICE_CPU), LeaseStatsOp);
 REGISTER_KERNEL_BUILDER(Name("CrossoverLeaseTimeline").Device(DEVICE_CPU), LeaseTimelineOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnStats").Device(DEVICE_CPU), TurnStatsOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnTimeline").Device(DEVICE_CPU), TurnTimelineOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnJoin").Device(DEVICE_CPU), TurnJoinOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnStart").Device(DEVICE_CPU), TurnStartOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnLeave").Device(DEVICE_CPU), TurnLeaveOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnWait").Device(DEVICE_CPU), TurnWaitOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnDone").Device(DEVICE_CPU), TurnDoneOp);
 
 // GPU: the pass-through tensors stay in device memory (forwarded, never copied); only the
-// lease bookkeeping runs on the host. Stats and timeline are host-only and are placed on CPU.
+// lease bookkeeping runs on the host. Stats, timeline, join, start and leave are host-only.
 REGISTER_KERNEL_BUILDER(Name("CrossoverAcquireLease").Device(DEVICE_GPU), AcquireLeaseOp);
 REGISTER_KERNEL_BUILDER(Name("CrossoverYieldLease").Device(DEVICE_GPU), YieldLeaseOp<true>);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnWait").Device(DEVICE_GPU), TurnWaitOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnDone").Device(DEVICE_GPU), TurnDoneOp);
 
 }  // namespace crossover

@@ -3,8 +3,8 @@
 Run under `horovodrun --gloo` by tests/test_strategy.py. Writes JSON with per-step losses as
 Keras logged them on this rank, final weights, lease stats and timeline.
 
-  strategy_worker.py OUT --group G [--steps N] [--reference] [--save DIR] [--bad_xla]
-                     [--group_per_rank]
+  strategy_worker.py OUT --group G [--steps N] [--epochs E] [--reference] [--save DIR]
+                     [--bad_xla] [--group_per_rank] [--link_turn P]
 """
 from __future__ import annotations
 
@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--group_per_rank", action="store_true")
     parser.add_argument("--fit_only", action="store_true", help="skip evaluate/predict")
     parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
+    parser.add_argument("--epochs", type=int, default=1, help="--steps split over this many")
+    parser.add_argument("--link_turn", type=int, default=None, help="position of 2 jobs")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(7)
@@ -79,7 +81,8 @@ def main() -> None:
     result: dict = {}
     if args.reference:
         model = build_model(args.bad_xla)
-        model.fit(global_dataset(args.steps), epochs=1, verbose=0, callbacks=[record])
+        model.fit(global_dataset(args.steps // args.epochs), epochs=args.epochs, verbose=0,
+                  callbacks=[record])
         rank = 0
     else:
         import horovod.tensorflow as hvd
@@ -88,7 +91,8 @@ def main() -> None:
         if args.group_per_rank:
             hvd.init()
             group = f"{args.group}{hvd.rank()}"
-        strategy = crossover_tf.CrossoverStrategy(group=group, lease_timeout_s=60)
+        strategy = crossover_tf.CrossoverStrategy(group=group, lease_timeout_s=60,
+                                                  link_turn=args.link_turn)
         rank = strategy.rank
         keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
         with strategy.scope():
@@ -97,10 +101,14 @@ def main() -> None:
         # unequal between jobs), and a tiny job could otherwise finish before its peer starts.
         line_up = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: (
             wait_at_barrier(args.barrier, f"{group}-{rank}-{os.getpid()}")
-            if args.barrier and batch == 0 else None))
-        model.fit(strategy.distribute_dataset(global_dataset(args.steps)), epochs=1, verbose=0,
+            if args.barrier and batch == 0 and not record.losses[1:] else None))
+        model.fit(strategy.distribute_dataset(global_dataset(args.steps // args.epochs)),
+                  epochs=args.epochs, verbose=0,
                   callbacks=[*strategy.callbacks(), record, line_up])
         result["lease_stats"] = strategy.lease_stats()
+        if strategy.turn is not None:
+            result["turn_stats"] = strategy.turn_stats()
+            result["turn_timeline"] = strategy.turn.timeline().tolist()
         if strategy.lease is not None:
             result["timeline"] = strategy.lease.timeline().tolist()
         if args.fit_only:

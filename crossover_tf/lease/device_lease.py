@@ -72,14 +72,18 @@ class LeaseStats:
 
     @classmethod
     def from_op_output(cls, values: Any, names: Any) -> "LeaseStats":
-        """Decodes CrossoverLeaseStats' (values, names): the C++ core names each value, so the
-        order is defined once, there (kLeaseStatsFields)."""
-        names = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(names)]
-        if sorted(names) != sorted(STATS_FIELDS):
-            raise RuntimeError(f"lease op library reports stats {names}, this module expects "
-                               f"{list(STATS_FIELDS)}: rebuild the op library (make -C ops)")
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
-        return cls(**{n: _DECODE[types[n]](v) for n, v in zip(names, np.asarray(values))})
+        return decode_named_values(cls, values, names)
+
+
+def decode_named_values(cls: type, values: Any, names: Any) -> Any:
+    """Builds dataclass cls from a stats op's (values, names): the C++ core names each value,
+    so the order is defined once, there (kLeaseStatsFields, kTurnStatsFields)."""
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(names)]
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    if sorted(names) != sorted(fields):
+        raise RuntimeError(f"lease op library reports stats {names}, this module expects "
+                           f"{list(fields)}: rebuild the op library (make -C ops)")
+    return cls(**{n: _DECODE[fields[n]](v) for n, v in zip(names, np.asarray(values))})
 
 
 STATS_FIELDS = tuple(f.name for f in dataclasses.fields(LeaseStats))

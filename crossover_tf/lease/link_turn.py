@@ -1,0 +1,112 @@
+"""LinkTurn: the jobs of a crossover group run their gradient allreduces one at a time.
+
+Why: while one job computes, the other's allreduce has the network, so in a crossed pair the
+two jobs' allreduces overlap only in part, and partly overlapping allreduces were measured to
+take 13-17% longer together than the same allreduces back to back (README, "Measured here").
+The turn puts them back to back: job `position` runs its allreduce k as global turn
+(offset + k, position), and every host goes through the turns in that order.
+
+Safe by construction: the turn is a wait, never a hold. A rank waits, outside any collective
+and without the device, only for turns that come before its own in one global order, so the
+waits cannot form a cycle across hosts. A peer that died or left is not waited for, and a wait
+is bounded (wait_s): the order is a schedule, never needed for correctness, so after the bound
+the allreduce runs anyway and the skip is counted.
+
+Joining is a collective of the job's own ranks: each reads where the jobs already turning on
+its host are, and all adopt the largest, so one job's ranks agree on its offset.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from crossover_tf.lease.device_lease import DeviceLease, decode_named_values, validate_timeout
+
+MAX_JOBS = 8  # the C++ core's kMaxTurnJobs
+
+
+def validate_turn(position: int, jobs: int) -> tuple[int, int]:
+    """Checks a turn position early, with the same rule as the C++ side."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (position, jobs)) \
+            or not 1 <= jobs <= MAX_JOBS or not 0 <= position < jobs:
+        raise ValueError(f"crossover link turn: jobs must be in [1, {MAX_JOBS}] and position in "
+                         f"[0, jobs), got position {position!r} of {jobs!r} jobs")
+    return position, jobs
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnStats:
+    """This process's link turns so far."""
+    turns: int
+    waited: int     # turns that waited for another job's allreduce
+    skipped: int    # turns taken when the wait bound passed (a paused peer)
+    wait_s: float
+    max_wait_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+class LinkTurn:
+    """This process's place in its group's allreduce order on one device's host.
+
+    wait(tensors) goes between the gradients and their allreduce, done(tensors) after it; both
+    pass their tensors through, like the lease's acquire and release. agree maps this rank's
+    proposed offset to the job's common one (a max over the job's ranks).
+    """
+
+    def __init__(self, lease: DeviceLease, position: int, jobs: int,
+                 agree: Callable[[int], int], wait_s: float = 10.0):
+        self.lease = lease
+        self.position, self.jobs = validate_turn(position, jobs)
+        self.wait_s = validate_timeout(wait_s)
+        self._agree = agree
+        self._names = {"group": lease.group, "device_key": lease.device_key}
+        self._ops = lease._ops
+        self.joined = False   # taking turns now
+        self._paused = False  # left for a pause of this fit; resume() joins again
+
+    def __repr__(self) -> str:
+        return f"LinkTurn(position={self.position}, jobs={self.jobs}, wait_s={self.wait_s:g})"
+
+    def join(self) -> int:
+        """Starts taking turns (a collective of the job's ranks); returns the agreed offset."""
+        proposal = int(self._ops.crossover_link_turn_join(position=self.position, jobs=self.jobs,
+                                                          **self._names))
+        offset = int(self._agree(proposal))
+        self._ops.crossover_link_turn_start(offset, **self._names)
+        self.joined, self._paused = True, False
+        return offset
+
+    def leave(self) -> None:
+        """Stops taking turns: the other jobs no longer wait for this one."""
+        self._ops.crossover_link_turn_leave(**self._names)
+        self.joined = self._paused = False
+
+    def pause(self) -> None:
+        """Leaves for a pause between steps (validation, epoch end), if taking turns."""
+        if self.joined:
+            self.leave()
+            self._paused = True
+
+    def resume(self) -> None:
+        """Joins again after pause() (a collective of the job's ranks); no-op otherwise."""
+        if self._paused:
+            self.join()
+
+    def wait(self, tensors: Any) -> Any:
+        return self.lease._pass_through(self._ops.crossover_link_turn_wait, tensors,
+                                        wait_seconds=self.wait_s)
+
+    def done(self, tensors: Any) -> Any:
+        return self.lease._pass_through(self._ops.crossover_link_turn_done, tensors)
+
+    def timeline(self) -> np.ndarray:
+        """[n, 4] int64: request_ns, start_ns, done_ns (0 = running), skipped; wall clock."""
+        return np.asarray(self._ops.crossover_link_turn_timeline(**self._names))
+
+    def stats(self) -> TurnStats:
+        values, names = self._ops.crossover_link_turn_stats(**self._names)
+        return decode_named_values(TurnStats, values, names)

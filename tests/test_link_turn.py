@@ -1,0 +1,144 @@
+"""Link turns: the jobs of a crossover group allreduce one at a time, in one global order.
+
+The C++ core's own tests (ops/device_lease_test.cc, run by test_lease_core.py) cover the
+order between processes, late joiners, dead and paused peers. Here: the Python surface, and
+two real crossed Horovod jobs (horovodrun --gloo, 2 ranks each) that take turns.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import horovodrun_command, run_bounded
+from crossover_tf import timeline
+from test_strategy import WORKER, _check, _load
+
+STEPS, EPOCHS = 20, 2
+
+
+def _turn(group: str, position: int = 0, jobs: int = 2, agree=lambda n: n, wait_s: float = 5.0):
+    from crossover_tf import lease as lease_lib
+    return lease_lib.LinkTurn(lease_lib.DeviceLease(group, "dev"), position, jobs, agree, wait_s)
+
+
+@pytest.mark.parametrize("position, jobs", [(2, 2), (-1, 2), (0, 0), (0, 9), (True, 2),
+                                            (0.5, 2)])
+def test_bad_positions_are_clear_errors(position, jobs):
+    from crossover_tf.lease import validate_turn
+    with pytest.raises(ValueError, match="position in"):
+        validate_turn(position, jobs)
+
+
+def test_a_lone_job_takes_turns_without_waiting(lease_group):
+    """Joining with nobody else turning gives offset 0 (through the job's agreement); wait and
+    done pass tensors through unchanged; stats and timeline count each turn."""
+    import tensorflow as tf
+    agreed = []
+    turn = _turn(lease_group, agree=lambda n: agreed.append(n) or n + 7)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not joined"):
+        turn.wait([tf.constant(1.0)])
+    assert turn.join() == 7 and agreed == [0] and turn.joined
+    x = {"a": tf.constant([1.0, 2.0]), "b": tf.constant(3)}
+    for _ in range(3):
+        out = turn.done(turn.wait(x))
+        np.testing.assert_array_equal(out["a"], [1.0, 2.0])
+        assert int(out["b"]) == 3
+    stats = turn.stats()
+    assert (stats.turns, stats.waited, stats.skipped) == (3, 0, 0)
+    events = turn.timeline()
+    assert events.shape == (3, 4) and np.all(events[:, 2] >= events[:, 1])
+    assert np.all(events[:, 3] == 0)
+    turn.pause()
+    assert not turn.joined
+    turn.resume()  # joins again: next index is its own (left) position, nobody else turns
+    assert turn.joined
+    turn.leave()
+    turn.resume()  # left for good: no-op
+    assert not turn.joined
+
+
+def test_a_second_job_at_the_same_position_is_refused(lease_group, child_env):
+    """Two jobs claiming one position would silently share a slot in the order: an error."""
+    turn = _turn(lease_group, position=1)
+    turn.join()
+    code = ("import sys; sys.path.insert(0, 'tests'); from test_link_turn import _turn\n"
+            f"_turn({lease_group!r}, position=1).join()")
+    result = run_bounded([sys.executable, "-c", code], child_env, timeout=120)
+    assert result.returncode != 0
+    assert "link turn position 1" in result.stdout and "is taken" in result.stdout
+    turn.leave()
+
+
+def test_strategy_checks_link_turn_settings():
+    import crossover_tf
+    with pytest.raises(ValueError, match="needs a group"):
+        crossover_tf.CrossoverStrategy(group="", link_turn=0)
+    with pytest.raises(ValueError, match="position in"):
+        crossover_tf.CrossoverStrategy(group="g", link_turn=2, link_turn_jobs=2)
+    with pytest.raises(ValueError, match="timeout"):
+        crossover_tf.CrossoverStrategy(group="g", link_turn=0, link_turn_wait_s=0)
+
+
+def _intervals(result: dict) -> np.ndarray:
+    """[turns, 2] start_ns, done_ns of one rank's turns (its allreduces)."""
+    return np.asarray(result["turn_timeline"], dtype=np.int64).reshape(-1, 4)[:, 1:3]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
+    """Two crossed jobs (2 ranks each, two epochs: they leave and rejoin at the epoch's end)
+    train like plain Keras, and on each host their allreduces never overlap: they alternate,
+    in the same order on both hosts, each between its compute and its apply."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    args = ["--steps", str(STEPS), "--epochs", str(EPOCHS), "--barrier", f"{barrier}:4",
+            "--group", lease_group, "--fit_only"]
+    job_a = subprocess.Popen(
+        horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                           "--link_turn", "0", *args),
+        env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        _check(run_bounded(horovodrun_command(
+            2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"), "--link_turn", "1",
+            *args), child_env, timeout=240))
+        out, _ = job_a.communicate(timeout=240)
+        assert job_a.returncode == 0, out[-6000:]
+    finally:
+        job_a.kill()
+    _check(run_bounded([sys.executable, WORKER, str(tmp_path / "ref_RANK.json"), "--reference",
+                        "--steps", str(STEPS), "--epochs", str(EPOCHS)], child_env, 240))
+    crossed_a, crossed_b = _load(tmp_path, "a", 2), _load(tmp_path, "b", 2)
+    (reference,) = _load(tmp_path, "ref", 1)
+    for crossed in (crossed_a, crossed_b):
+        mean_loss = np.mean([r["losses"] for r in crossed], axis=0)
+        np.testing.assert_allclose(mean_loss, reference["losses"], rtol=1e-4, atol=1e-6)
+        for w_rank0, w_rank1, w_ref in zip(crossed[0]["weights"], crossed[1]["weights"],
+                                           reference["weights"]):
+            np.testing.assert_array_equal(w_rank0, w_rank1)
+            np.testing.assert_allclose(w_rank0, w_ref, rtol=1e-4, atol=1e-5)
+
+    orders = []
+    for rank in range(2):   # rank r of A and rank r of B share host r's device cpu<r>
+        a, b = crossed_a[rank], crossed_b[rank]
+        for r in (a, b):
+            assert r["turn_stats"]["turns"] == STEPS and r["turn_stats"]["skipped"] == 0, r
+            phases = timeline.step_phases(r["timeline"])
+            turns = _intervals(r)
+            assert np.all(phases[:, 1] <= turns[:, 0]), "allreduce began before the yield"
+            assert np.all(turns[:, 1] <= phases[:, 3]), "apply began before the allreduce ended"
+        both = sorted([(s, e, "A") for s, e in _intervals(a)] +
+                      [(s, e, "B") for s, e in _intervals(b)])
+        for (_, end, _), (start, _, _) in zip(both, both[1:]):
+            assert end <= start, f"host {rank}: two allreduces overlapped"
+        order = "".join(job for _, _, job in both)
+        orders.append(order)
+        # Alternating, except where one job runs alone while the other (re)joins.
+        switches = sum(x != y for x, y in zip(order, order[1:]))
+        assert switches >= len(order) - 1 - 4 * EPOCHS, order
+    assert orders[0] == orders[1], f"the hosts went through the turns in different orders: {orders}"
+    assert sum(r["turn_stats"]["waited"] for r in crossed_a + crossed_b) > 0
