@@ -91,7 +91,7 @@ class CrossoverStrategy:
         self.lease = (lease_lib.DeviceLease(self.group, self.device_key, lease_timeout_s,
                                             priority) if self.group else None)
         self.turn = (lease_lib.LinkTurn(self.lease, link_turn, link_turn_jobs,
-                                        self._agree_on_max, link_turn_wait_s)
+                                        self._agree_on_min, link_turn_wait_s)
                      if self.lease is not None and link_turn is not None else None)
         self.priority = priority
         self.micro_batches = micro_batches
@@ -249,9 +249,9 @@ class CrossoverStrategy:
         return self.lease.stats().as_dict() if self.lease is not None else {}
 
     # ----- internals -------------------------------------------------------------------------
-    def _agree_on_max(self, value: int) -> int:
-        """The largest of every rank's value (a collective: the job's ranks agree on it)."""
-        return max(collectives.allgather_objects(value)) if self.size > 1 else value
+    def _agree_on_min(self, value: int) -> int:
+        """The smallest of every rank's value (a collective: the job's ranks agree on it)."""
+        return min(collectives.allgather_objects(value)) if self.size > 1 else value
 
     def _configure_devices(self, configure: bool) -> int | None:
         """Pins this rank's GPU (before TF initialises devices); returns its CUDA ordinal."""

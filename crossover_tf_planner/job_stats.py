@@ -55,6 +55,8 @@ class JobStats(json_io.JsonRecord):
     step_end_ns: list[int] = dataclasses.field(default_factory=list)
     lease: dict[str, float] = dataclasses.field(default_factory=dict)
     turn: dict[str, float] = dataclasses.field(default_factory=dict)  # link turn stats, if any
+    # Every link turn: [request, start, done, skipped] wall-clock ns (the allreduce in turn).
+    turn_events_ns: list[list[int]] = dataclasses.field(default_factory=list)
     phases_ns: list[list[int]] = dataclasses.field(default_factory=list)
     # Every lease event: [request, acquired, released, tag] wall-clock ns (all micro-batches).
     lease_events_ns: list[list[int]] = dataclasses.field(default_factory=list)

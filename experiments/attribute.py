@@ -55,6 +55,14 @@ def _phases(stats: JobStats) -> np.ndarray:
     return np.asarray(stats.phases_ns, dtype=np.int64).reshape(-1, 5)
 
 
+def allreduce_spans(stats: JobStats) -> np.ndarray:
+    """[steps, 2] ns of each allreduce: its link turn (start, done) where the job took turns,
+    else from the compute release to the apply request (which includes any wait for a turn)."""
+    if stats.turn_events_ns:
+        return np.asarray(stats.turn_events_ns, dtype=np.int64).reshape(-1, 4)[:, 1:3]
+    return _phases(stats)[:, 1:3]
+
+
 def _pieces(start_ns: int, end_ns: int, times: Iterable[np.ndarray]
             ) -> tuple[np.ndarray, np.ndarray]:
     """[start, end) cut at every one of `times` inside it: each piece's midpoint (ns) and
@@ -126,12 +134,12 @@ def attribute(crossed: Mapping[str, JobStats], solo: Mapping[str, JobStats],
 
 def allreduce_overlap(crossed: Mapping[str, JobStats], start_ns: int, end_ns: int
                       ) -> dict[str, Any]:
-    """How the crossed jobs' allreduces (compute release to apply request, rank 0) sat on the
-    link in [start, end): seconds with at least one in flight, and the share of each job's
+    """How the crossed jobs' allreduces (allreduce_spans, rank 0) sat on the link in
+    [start, end): seconds with at least one in flight, and the share of each job's
     allreduce time that the other job's allreduces overlapped. Allreduces that overlap
     stretch; if they also move less than back to back, the round grows past the ideal.
     Empty for stats without step phases."""
-    spans = {j: _phases(s)[:, 1:3] for j, s in crossed.items()}
+    spans = {j: allreduce_spans(s) for j, s in crossed.items()}
     if any(len(v) == 0 for v in spans.values()):
         return {}
     mid, width = _pieces(start_ns, end_ns, (v.ravel() for v in spans.values()))
@@ -178,17 +186,17 @@ def rank_stats(job_dir: pathlib.Path, first: JobStats) -> list[JobStats]:
     return [first, *(found[r] for r in sorted(found))]
 
 
-_SPLIT_RUNS = {"solo": "sequential", "crossed": "crossover"}  # the scenario each run is from
+Runs = Mapping[str, tuple[str, Mapping[str, JobStats]]]  # label: (scenario, each job's stats)
 
 
-def _rank_splits(tensorboard: pathlib.Path, trial: int, runs: Mapping[str, Mapping[str, JobStats]],
-                 warmup_steps: int) -> dict[str, Any]:
-    """allreduce_split of each job in each run (solo, crossed: `_SPLIT_RUNS`) whose other
-    ranks' records were saved."""
+def _rank_splits(tensorboard: pathlib.Path, trial: int, runs: Runs, warmup_steps: int
+                 ) -> dict[str, Any]:
+    """allreduce_split of each job in each run (solo, crossed) whose other ranks' records
+    were saved."""
     splits: dict[str, dict[str, Any]] = {}
-    for run, jobs in runs.items():
+    for run, (scenario, jobs) in runs.items():
         for job, first in jobs.items():
-            ranks = rank_stats(tensorboard / f"t{trial}_{_SPLIT_RUNS[run]}" / job, first)
+            ranks = rank_stats(tensorboard / f"t{trial}_{scenario}" / job, first)
             if len(ranks) > 1:
                 splits.setdefault(job, {})[run] = allreduce_split(ranks, warmup_steps)
     return {"allreduce_split": splits} if splits else {}
@@ -202,31 +210,34 @@ def _handoffs(crossed: Mapping[str, JobStats], start: int, end: int) -> int:
 
 
 def from_comparison(result: Mapping[str, Any], trial: int | None = None,
-                    out_dir: str | pathlib.Path | None = None) -> dict[str, Any]:
-    """The attribution of one trial (default: the representative one) of a compare.json; with
-    `out_dir` (where compare.py wrote it), also the Horovod timelines found there."""
+                    out_dir: str | pathlib.Path | None = None, scenario: str = "crossover"
+                    ) -> dict[str, Any]:
+    """The attribution of one trial (default: the representative one) of a compare.json's
+    crossed `scenario` (crossover, or crossover_turn); with `out_dir` (where compare.py wrote
+    it), also every rank's records and the Horovod timelines found there."""
     trial = result.get("representative_trial", 0) if trial is None else trial
     scenarios = result.get("per_trial", [result])[trial]["scenarios"]
-    if "crossover" not in scenarios:
-        raise ValueError("the comparison has no crossover scenario to attribute")
-    crossed = {j: JobStats.from_dict(s) for j, s in scenarios["crossover"]["jobs"].items()}
+    if scenario not in scenarios:
+        raise ValueError(f"the comparison has no {scenario} scenario to attribute")
+    crossed = {j: JobStats.from_dict(s) for j, s in scenarios[scenario]["jobs"].items()}
     solo = {j: JobStats.from_dict(scenarios[f"solo_{j}"]["jobs"][j]) for j in crossed}
     warmup = int(result["settings"]["warmup_steps"])
-    out = {"trial": trial, **attribute(crossed, solo, warmup)}
+    out = {"trial": trial, "scenario": scenario, **attribute(crossed, solo, warmup)}
     if out_dir is not None:
         tensorboard = pathlib.Path(out_dir) / "tensorboard"
-        out.update(_rank_splits(tensorboard, trial, {"solo": solo, "crossed": crossed}, warmup))
-        out.update(_horovod_phases(tensorboard, trial, crossed, warmup))
+        runs = {"solo": ("sequential", solo), "crossed": (scenario, crossed)}
+        out.update(_rank_splits(tensorboard, trial, runs, warmup))
+        out.update(_horovod_phases(tensorboard, trial, runs, warmup))
     return out
 
 
-def _horovod_phases(tensorboard: pathlib.Path, trial: int, jobs: Mapping[str, JobStats],
-                    warmup_steps: int) -> dict[str, Any]:
+def _horovod_phases(tensorboard: pathlib.Path, trial: int, runs: Runs, warmup_steps: int
+                    ) -> dict[str, Any]:
     """Each job's median allreduce phases from its solo and crossed Horovod timelines."""
     from experiments import horovod_timeline
     phases: dict[str, dict[str, Any]] = {}
-    for job in jobs:
-        for scenario in ("sequential", "crossover"):
+    for scenario, jobs in runs.values():
+        for job in jobs:
             path = tensorboard / f"t{trial}_{scenario}" / job / "horovod_timeline.json"
             if path.exists():
                 phases.setdefault(job, {})[scenario] = horovod_timeline.summary(path,
@@ -236,7 +247,8 @@ def _horovod_phases(tensorboard: pathlib.Path, trial: int, jobs: Mapping[str, Jo
 
 def markdown(attribution: Mapping[str, Any]) -> str:
     a = attribution
-    lines = [f"Round (one step of each job, host 0): measured {a['round_ms']:.1f} ms, ideal "
+    lines = [f"Scenario {a.get('scenario', 'crossover')}. "
+             f"Round (one step of each job, host 0): measured {a['round_ms']:.1f} ms, ideal "
              f"{a['ideal_round_ms']:.1f} ms, loss {a['loss_ms']:.1f} ms "
              f"({a['hand-offs_per_round']:.2f} hand-offs per round, trial {a['trial']}).", "",
              "| device time per round | ms |", "|---|---:|"]

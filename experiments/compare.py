@@ -118,6 +118,21 @@ def sweep_ratios(c: Any) -> list[float]:
                          f"{c.sweep_comm_to_compute!r}") from None
 
 
+def _attribute(result: Mapping[str, Any], out: pathlib.Path, jobs: int) -> None:
+    """attribution.json/.md of the crossed round: crossover's, and crossover_turn's (in
+    attribution_turn.*) when it ran; pairs only."""
+    from experiments import attribute
+    for scenario, name in (("crossover", "attribution"), ("crossover_turn", "attribution_turn")):
+        if scenario not in result["scenarios"] or jobs != 2:
+            continue
+        try:
+            attribution = attribute.from_comparison(result, out_dir=out, scenario=scenario)
+        except ValueError as err:  # e.g. the jobs did not overlap for a whole step
+            logging.warning("no attribution of the %s round: %s", scenario, err)
+        else:
+            config_lib.write_results(out, name, attribution, attribute.markdown(attribution))
+
+
 def validate(c: Any) -> None:
     scenarios.train_command(c, "A", "", "", "")  # train.py validates the ranks' settings
     config_lib.require(c.bandwidth_mbit is None or c.bandwidth_mbit > 0,
@@ -301,15 +316,7 @@ def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None,
     (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
     table = report.markdown(result)
     (out / "compare.md").write_text(table)
-    if "crossover" in result["scenarios"] and c.jobs == 2:
-        from experiments import attribute
-        try:
-            attribution = attribute.from_comparison(result, out_dir=out)
-        except ValueError as err:  # e.g. the jobs did not overlap for a whole step
-            logging.warning("no attribution of the crossed round: %s", err)
-        else:
-            config_lib.write_results(out, "attribution", attribution,
-                                     attribute.markdown(attribution))
+    _attribute(result, out, c.jobs)
     shown = stats[result["representative_trial"]]
     leased = shown.get("crossover") or shown.get("priority")
     if leased:

@@ -237,6 +237,8 @@ def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
         phases["lease_events_ns"] = events.tolist()
         for key, values in timeline.phase_durations(phases_ns[c.warmup_steps:]).items():
             phases[key] = float(np.median(values)) if len(values) else float("nan")
+    if strategy.turn is not None:
+        phases["turn_events_ns"] = strategy.turn.timeline().tolist()
     return JobStats(
         job=c.job, group=c.group, rank=strategy.rank, size=strategy.size,
         device_key=strategy.device_key, priority=c.priority, micro_batches=c.micro_batches,

@@ -791,7 +791,7 @@ LeaseStatus DeviceLease::TurnJoin(int32_t position, int32_t jobs, int64_t* next_
   Locked locked(this);
   status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
   if (!status.ok()) return status;
-  int64_t next = 0;
+  int64_t next = kTurnUnconstrained;
   for (int i = 0; i < kMaxTurnJobs; ++i) {
     const TurnEntry& e = s->turns[i];
     if (e.state == kTurnFree || e.who == me) continue;
@@ -809,7 +809,8 @@ LeaseStatus DeviceLease::TurnJoin(int32_t position, int32_t jobs, int64_t* next_
               " is taken by pid " + std::to_string(e.who.pid) +
               "; give each job of the group its own position");
     }
-    if (e.state == kTurnActive) next = std::max(next, e.offset + e.done);
+    // The latest index whose turn at `position` comes before e's next turn.
+    if (e.state == kTurnActive) next = std::min(next, e.offset + e.done - (position > i));
   }
   for (TurnEntry& e : s->turns) {
     if (e.who == me) e = TurnEntry{};
@@ -824,12 +825,15 @@ LeaseStatus DeviceLease::TurnJoin(int32_t position, int32_t jobs, int64_t* next_
 
 // Finds this process's entry (with the shared mutex held); an error if it never joined or a
 // peer dropped it as dead (which only happens if our slot lock was lost).
-LeaseStatus DeviceLease::MyTurnEntry(Locked* locked, const Owner& me, int32_t* position) {
+LeaseStatus DeviceLease::MyTurnEntry(Locked* locked, int32_t* position) {
+  Owner me;
+  LeaseStatus status = Identity(&me);
+  if (!status.ok()) return status;
   {
     std::lock_guard<std::mutex> local(local_mu_);
     *position = turn_position_;
   }
-  LeaseStatus status = locked->Lock(MonoNs() + kReleaseLockBoundNs);
+  status = locked->Lock(MonoNs() + kReleaseLockBoundNs);
   if (!status.ok()) return status;
   if (*position < 0 || !(shared_->turns[*position].who == me)) {
     return LeaseStatus::Error(LeaseCode::kInvalidArgument,
@@ -840,17 +844,14 @@ LeaseStatus DeviceLease::MyTurnEntry(Locked* locked, const Owner& me, int32_t* p
 }
 
 LeaseStatus DeviceLease::TurnStart(int64_t offset) {
-  if (offset < 0) {
+  if (offset <= -kTurnUnconstrained || offset >= kTurnUnconstrained) {
     return LeaseStatus::Error(LeaseCode::kInvalidArgument,
-                              "crossover link turn offset must be >= 0, got " +
+                              "crossover link turn offset must be within +-2^62, got " +
                                   std::to_string(offset));
   }
-  Owner me;
-  LeaseStatus status = Identity(&me);
-  if (!status.ok()) return status;
   Locked locked(this);
   int32_t position;
-  status = MyTurnEntry(&locked, me, &position);
+  const LeaseStatus status = MyTurnEntry(&locked, &position);
   if (!status.ok()) return status;
   TurnEntry& e = shared_->turns[position];
   e.state = kTurnActive;
@@ -877,14 +878,12 @@ int DeviceLease::TurnBlocker(int32_t position) const {
 LeaseStatus DeviceLease::TurnWait(double wait_s, bool* skipped) {
   *skipped = false;
   LeaseStatus status = ValidateTimeout(wait_s);
-  Owner me;
-  if (status.ok()) status = Identity(&me);
   if (!status.ok()) return status;
   const int64_t start = MonoNs(), request_wall = WallNs();
   const int64_t deadline = start + static_cast<int64_t>(wait_s * 1e9);
   Locked locked(this);
   int32_t position;
-  status = MyTurnEntry(&locked, me, &position);
+  status = MyTurnEntry(&locked, &position);
   if (!status.ok()) return status;
   if (shared_->turns[position].state != kTurnActive) {
     return LeaseStatus::Error(LeaseCode::kInvalidArgument,
@@ -921,12 +920,9 @@ LeaseStatus DeviceLease::TurnWait(double wait_s, bool* skipped) {
 }
 
 LeaseStatus DeviceLease::TurnDone() {
-  Owner me;
-  LeaseStatus status = Identity(&me);
-  if (!status.ok()) return status;
   Locked locked(this);
   int32_t position;
-  status = MyTurnEntry(&locked, me, &position);
+  const LeaseStatus status = MyTurnEntry(&locked, &position);
   if (!status.ok()) return status;
   const int64_t done_wall = WallNs();
   shared_->turns[position].done++;

@@ -66,6 +66,7 @@ constexpr int kMaxProcesses = 64;   // processes that have one lease open at onc
 constexpr double kMaxTimeoutS = 30.0 * 24 * 3600;  // acquire timeouts above this are refused
 constexpr double kMaxReserveS = 10.0;              // longest reservation a yield may leave
 constexpr int kMaxTurnJobs = 8;                    // jobs of one group that take link turns
+constexpr int64_t kTurnUnconstrained = int64_t{1} << 62;  // TurnJoin with nobody turning
 
 // Priority classes. Waiters queue by class, FIFO within one: peers of one class take turns;
 // a primary never queues behind a secondary.
@@ -203,11 +204,15 @@ class DeviceLease {
   // Link turns. Job `position` of `jobs` (the same numbering on every host) runs its allreduce
   // number k as global turn (offset + k, position), and the turns go in that order on every
   // host. Joining is two calls around an agreement among the job's own ranks:
-  //   TurnJoin   registers this process at `position`; returns the next turn index of the
-  //              jobs already turning here (a late job goes after them);
-  //   TurnStart  with the offset the job's ranks agreed on (e.g. the max of TurnJoin's).
-  // Any value works for safety as long as all ranks of the job use the same one: the waits
-  // then follow one total order and cannot form a cycle.
+  //   TurnJoin   registers this process at `position`; returns the latest turn index that
+  //              puts this job's first turn before the next turn of every job already turning
+  //              here (kTurnUnconstrained if none is);
+  //   TurnStart  with the offset the job's ranks agreed on (the min of TurnJoin's, or 0 if
+  //              that is kTurnUnconstrained).
+  // A joining job thus goes first, and the jobs already turning wait at most for its first
+  // allreduce, never the joiner for a peer that is momentarily not stepping (at a barrier,
+  // say). Any offset is safe as long as all ranks of the job use the same one: the waits then
+  // follow one total order and cannot form a cycle.
   LeaseStatus TurnJoin(int32_t position, int32_t jobs, int64_t* next_index);
   LeaseStatus TurnStart(int64_t offset);
   // Blocks until every earlier turn of the other jobs turning on this host is done, or for
@@ -242,7 +247,7 @@ class DeviceLease {
   LeaseStatus WaitForTurn(Locked* locked, const Owner& me, int32_t priority, int64_t deadline,
                           double timeout_s, bool* contended, bool* reentrant);
   bool ReservedAgainst(const Owner& me, int32_t priority) const;
-  LeaseStatus MyTurnEntry(Locked* locked, const Owner& me, int32_t* position);
+  LeaseStatus MyTurnEntry(Locked* locked, int32_t* position);
   int TurnBlocker(int32_t position) const;
   LeaseStatus TimeoutError(double timeout_s, const Owner& me) const;
   void RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,

@@ -474,12 +474,18 @@ int Reap(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Joins at position and starts where TurnJoin says (what one rank alone would agree on).
+bool JoinAndStart(DeviceLease& lease, int position, int jobs) {
+  int64_t next = 0;
+  return lease.TurnJoin(position, jobs, &next).ok() &&
+         lease.TurnStart(next == kTurnUnconstrained ? 0 : next).ok();
+}
+
 // Joins at position, waits until `jobs` processes have joined, then takes `turns` turns, each
 // "allreducing" for hold_ms. Exit code 0 only if no turn was skipped.
 int TurnJob(const TestGroup& g, TurnLog* log, int position, int jobs, int turns, int hold_ms) {
   auto lease = g.Open();
-  int64_t next = -1;
-  if (!lease->TurnJoin(position, jobs, &next).ok() || !lease->TurnStart(next).ok()) return 2;
+  if (!JoinAndStart(*lease, position, jobs)) return 2;
   log->ready.fetch_add(1);
   while (log->ready.load() < jobs) usleep(1000);
   for (int k = 0; k < turns; ++k) {
@@ -504,9 +510,9 @@ void TestTurnValidation() {
   EXPECT(Contains(lease->TurnWait(1, &skipped).message, "not joined"), "wait before join");
   EXPECT(Contains(lease->TurnDone().message, "not joined"), "done before join");
   int64_t next;
-  EXPECT(lease->TurnJoin(0, 2, &next).ok() && next == 0, "join");
+  EXPECT(lease->TurnJoin(0, 2, &next).ok() && next == kTurnUnconstrained, "join");
   EXPECT(Contains(lease->TurnWait(1, &skipped).message, "TurnStart first"), "wait before start");
-  EXPECT(!lease->TurnStart(-1).ok(), "negative offset accepted");
+  EXPECT(!lease->TurnStart(kTurnUnconstrained).ok(), "unconstrained offset accepted");
   // Another job that claims the same position, or another job count, is refused.
   const int taken = InChild([&] {
     int64_t n;
@@ -522,42 +528,58 @@ void TestTurnValidation() {
   EXPECT(count == 0, "a job with another job count joined");
 }
 
-// Two jobs take their turns alternately, whatever order they reach them in.
+// Two jobs take their turns alternately, whatever order they reach them in: job 1 reaches
+// its turns faster, but still waits for job 0's before each of its own.
 void TestTurnsAlternate() {
   TestGroup g("turns_alternate");
   TurnLog* log = TurnLog::Make();
-  // Job 1 reaches its turns faster (shorter "allreduce") but must still go second each time.
   const pid_t a = Spawn([&] { return TurnJob(g, log, 0, 2, 5, 30); });
   const pid_t b = Spawn([&] { return TurnJob(g, log, 1, 2, 5, 1); });
   const int ra = Reap(a), rb = Reap(b);
   EXPECT(ra == 0 && rb == 0, "jobs failed or skipped turns: " << ra << ", " << rb);
-  EXPECT(log->Order() == "0101010101", "turn order " << log->Order());
+  // Whichever joined second goes first (see TurnJoin); then they alternate.
+  EXPECT(log->Order() == "0101010101" || log->Order() == "1010101010",
+         "turn order " << log->Order());
   munmap(log, sizeof(TurnLog));
 }
 
-// A job that joins late goes after the turns already under way, not back at turn 0.
-void TestLateJobGoesAfter() {
+// A job that joins late takes the turn just before the next one of the jobs already turning:
+// it does not wait for them (one may be paused), and they wait for its first allreduce.
+void TestLateJobGoesFirst() {
   TestGroup g("late_job");
   auto lease = g.Open();
-  int64_t next;
-  EXPECT(lease->TurnJoin(0, 2, &next).ok() && lease->TurnStart(next).ok(), "join");
+  EXPECT(JoinAndStart(*lease, 0, 2), "join");
   bool skipped;
   for (int k = 0; k < 3; ++k) {
     EXPECT(lease->TurnWait(1, &skipped).ok() && !skipped, "turn alone");
     EXPECT(lease->TurnDone().ok(), "done");
   }
-  const int late = InChild([&] {
+  TurnLog* log = TurnLog::Make();
+  const pid_t late = Spawn([&] {
     auto l = g.Open();
     int64_t n = -1;
-    if (!l->TurnJoin(1, 2, &n).ok() || n != 3) return 1;
+    // Turn (2, 1) is the latest before job 0's next turn (3, 0).
+    if (!l->TurnJoin(1, 2, &n).ok() || n != 2) return 1;
     if (!l->TurnStart(n).ok()) return 2;
-    bool sk = false;
-    // Turn (3, 1) comes after job 0's turn (3, 0), which is not done: waits, then skips.
-    if (!l->TurnWait(0.2, &sk).ok() || !sk) return 3;
-    return 0;
+    bool sk = true;
+    const double t0 = MonoS();
+    if (!l->TurnWait(5, &sk).ok() || sk || MonoS() - t0 > 1) return 3;
+    log->ready.store(1);
+    usleep(300 * 1000);  // its first allreduce
+    log->Record(1);
+    return l->TurnDone().ok() && l->TurnLeave().ok() ? 0 : 4;
   });
-  EXPECT(late == 0, "late joiner: " << late);
+  while (log->ready.load() < 1) usleep(1000);
+  EXPECT(lease->TurnWait(5, &skipped).ok() && !skipped, "turn after the late job's");
+  log->Record(0);
+  EXPECT(Reap(late) == 0, "late joiner failed");
+  EXPECT(log->Order() == "10", "job 0 went before the late job's first turn: " << log->Order());
+  // A job alone, or the first of its group, is unconstrained.
+  TestGroup alone("late_job_alone");
+  int64_t first = 0;
+  EXPECT(alone.Open()->TurnJoin(1, 2, &first).ok() && first == kTurnUnconstrained, "alone");
   EXPECT(lease->TurnLeave().ok(), "leave");
+  munmap(log, sizeof(TurnLog));
 }
 
 // A job that died (or left) is not waited for; a live one that pauses is, for wait_s at most.
@@ -566,19 +588,19 @@ void TestDeadOrPausedPeer() {
   int to_child[2];
   EXPECT(pipe(to_child) == 0, "pipe");
   TurnLog* log = TurnLog::Make();
+  auto lease = g.Open();
+  EXPECT(JoinAndStart(*lease, 1, 2), "join");
+  bool skipped = true;
+  EXPECT(lease->TurnWait(1, &skipped).ok() && !skipped && lease->TurnDone().ok(), "alone");
+  // The peer joins now, so its first turn comes before our next one; then it pauses.
   const pid_t paused = Spawn([&] {
     auto l = g.Open();
-    int64_t n;
-    if (!l->TurnJoin(0, 2, &n).ok() || !l->TurnStart(n).ok()) return 1;
+    if (!JoinAndStart(*l, 0, 2)) return 1;
     log->ready.fetch_add(1);
     char byte;
     return read(to_child[0], &byte, 1) == 1 ? 0 : 2;  // alive, never turning, until told
   });
   while (log->ready.load() < 1) usleep(1000);
-  auto lease = g.Open();
-  int64_t next;
-  EXPECT(lease->TurnJoin(1, 2, &next).ok() && lease->TurnStart(next).ok(), "join");
-  bool skipped = false;
   double t0 = MonoS();
   EXPECT(lease->TurnWait(0.3, &skipped).ok() && skipped, "did not skip a paused peer");
   EXPECT(MonoS() - t0 >= 0.29 && MonoS() - t0 < 2, "waited " << MonoS() - t0);
@@ -589,15 +611,16 @@ void TestDeadOrPausedPeer() {
   EXPECT(lease->TurnWait(5, &skipped).ok() && !skipped, "waited for a dead peer");
   EXPECT(MonoS() - t0 < 1, "a dead peer held us " << MonoS() - t0 << " s");
   const TurnStats stats = lease->GetTurnStats();
-  EXPECT(stats.turns == 2 && stats.skipped == 1 && stats.waited == 1,
+  EXPECT(stats.turns == 3 && stats.skipped == 1 && stats.waited == 1,
          "stats " << stats.turns << "/" << stats.skipped << "/" << stats.waited);
   const std::vector<TurnEvent> turns = lease->TurnTimeline();
-  EXPECT(turns.size() == 2 && turns[0].skipped == 1 && turns[1].skipped == 0,
+  EXPECT(turns.size() == 3 && turns[0].skipped == 0 && turns[1].skipped == 1 &&
+             turns[2].skipped == 0,
          "timeline of " << turns.size() << " turns");
-  EXPECT(turns[0].start_ns - turns[0].request_ns >= 290000000 &&
-             turns[0].done_ns >= turns[0].start_ns && turns[1].done_ns == 0,
-         "turn times " << turns[0].request_ns << " " << turns[0].start_ns << " "
-                       << turns[0].done_ns << " " << turns[1].done_ns);
+  EXPECT(turns[1].start_ns - turns[1].request_ns >= 290000000 &&
+             turns[1].done_ns >= turns[1].start_ns && turns[2].done_ns == 0,
+         "turn times " << turns[1].request_ns << " " << turns[1].start_ns << " "
+                       << turns[1].done_ns << " " << turns[2].done_ns);
   close(to_child[0]);
   close(to_child[1]);
   munmap(log, sizeof(TurnLog));
@@ -619,7 +642,7 @@ const Test kTests[] = {
     {"reservation_keeps_lower_classes_out", TestReservationKeepsLowerClassesOut},
     {"turn_validation", TestTurnValidation},
     {"turns_alternate", TestTurnsAlternate},
-    {"late_job_goes_after", TestLateJobGoesAfter},
+    {"late_job_goes_first", TestLateJobGoesFirst},
     {"dead_or_paused_peer", TestDeadOrPausedPeer},
 };
 

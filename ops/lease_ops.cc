@@ -50,6 +50,14 @@ absl::Status PassThroughShapes(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// Reads a float attr and checks it with the core's own rule, so a bad value fails when the
+// graph is instantiated rather than mid-training.
+void GetCheckedAttr(OpKernelConstruction* ctx, const char* name, float* value,
+                    LeaseStatus (*check)(double)) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr(name, value));
+  OP_REQUIRES_OK(ctx, ToTf(check(*value)));
+}
+
 // Resolves the lease named by the kernel's group/device_key attrs at construction, so a bad
 // name fails when the graph is instantiated rather than mid-training.
 class LeaseKernel : public OpKernel {
@@ -71,10 +79,9 @@ class LeaseKernel : public OpKernel {
 class AcquireLeaseOp : public LeaseKernel {
  public:
   explicit AcquireLeaseOp(OpKernelConstruction* ctx) : LeaseKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_s_));
+    GetCheckedAttr(ctx, "timeout_seconds", &timeout_s_, DeviceLease::ValidateTimeout);
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tag", &tag_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("priority", &priority_));
-    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidateTimeout(timeout_s_)));
     OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidatePriority(priority_)));
   }
   void Compute(OpKernelContext* ctx) override {
@@ -95,8 +102,7 @@ template <bool kWaitForStream>
 class YieldLeaseOp : public LeaseKernel {
  public:
   explicit YieldLeaseOp(OpKernelConstruction* ctx) : LeaseKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("reserve_seconds", &reserve_s_));
-    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidateReserve(reserve_s_)));
+    GetCheckedAttr(ctx, "reserve_seconds", &reserve_s_, DeviceLease::ValidateReserve);
   }
   void Compute(OpKernelContext* ctx) override {
     OP_REQUIRES_OK(ctx, ToTf(lease_->ReleaseAfter([ctx]() -> LeaseStatus {
@@ -183,8 +189,7 @@ class TurnLeaveOp : public LeaseKernel {
 class TurnWaitOp : public LeaseKernel {
  public:
   explicit TurnWaitOp(OpKernelConstruction* ctx) : LeaseKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("wait_seconds", &wait_s_));
-    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::ValidateTimeout(wait_s_)));
+    GetCheckedAttr(ctx, "wait_seconds", &wait_s_, DeviceLease::ValidateTimeout);
   }
   void Compute(OpKernelContext* ctx) override {
     bool skipped = false;  // counted in the turn stats

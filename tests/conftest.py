@@ -76,3 +76,19 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout: float,
         out, _ = proc.communicate()
         pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def run_alongside(first: list[str], second: list[str], env: dict[str, str], timeout: float
+                  ) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """Runs two commands at the same time (e.g. two crossed jobs); each bounded by timeout,
+    the first killed if the second fails to finish."""
+    proc = subprocess.Popen(first, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        second_result = run_bounded(second, env, timeout)
+        out, _ = proc.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(first, proc.returncode, out, None), second_result

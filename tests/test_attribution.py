@@ -202,3 +202,22 @@ def test_allreduce_overlap_on_the_link():
     assert attribute.allreduce_overlap(jobs, 0, 45 * MS)["overlapped_fraction"] == \
         pytest.approx({"A": 15 / 45, "B": 1.0})
     assert attribute.allreduce_overlap(_crossed_pair()[0], 0, 500 * MS) == {}
+
+
+def test_allreduce_spans_of_a_job_in_link_turns_are_its_turns():
+    """With turns, a rank's time between compute and apply also holds its wait for the other
+    job's allreduce: the overlap is measured on the turns themselves, which never overlap."""
+    arrive = [100.0 * k for k in range(5)]
+    jobs = {"A": _ranked("A", 0, arrive, [a + 80 for a in arrive]),
+            "B": _ranked("B", 0, [a + 30 for a in arrive], [a + 90 for a in arrive])}
+    assert attribute.allreduce_overlap(jobs, 0, 500 * MS)["overlapped_fraction"]["B"] == \
+        pytest.approx(5 / 6)
+    turns = {"A": [[int(a * MS), int(a * MS), int((a + 40) * MS), 0] for a in arrive],
+             "B": [[int((a + 30) * MS), int((a + 40) * MS), int((a + 90) * MS), 0]
+                   for a in arrive]}
+    for job, events in turns.items():
+        jobs[job] = dataclasses.replace(jobs[job], turn_events_ns=events)
+    np.testing.assert_array_equal(attribute.allreduce_spans(jobs["B"])[0], [40 * MS, 90 * MS])
+    out = attribute.allreduce_overlap(jobs, 0, 500 * MS)
+    assert out["overlapped_fraction"] == pytest.approx({"A": 0.0, "B": 0.0})
+    assert out["in_flight_s"] == pytest.approx(0.450)

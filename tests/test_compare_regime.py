@@ -11,7 +11,7 @@ import pytest
 
 from crossover_tf_planner import validate as planner_validate
 from crossover_tf_planner.job_stats import JobStats
-from experiments import calibration, compare, report, sweep, trials
+from experiments import calibration, compare, report, scenarios, sweep, trials
 from crossover_tf_planner.comm_cost import CommCpu
 from experiments.calibration import CalibrationPoint, CommFit
 
@@ -120,7 +120,7 @@ def _scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
                     ) -> dict[str, dict[str, JobStats]]:
     """sequential at the solo step, naive 1.2x and crossover `crossover_speedup`x the
     sequential aggregate (each job at half its solo rate times the speedup); naive_env and
-    crossover_env 1.1x and 1.05x their plain scenario."""
+    crossover_env 1.1x and 1.05x their plain scenario, crossover_turn 1.15x crossover."""
     solo = 1.1 * compute_s + comm_s
     return {"sequential": {j: _stats(j, solo, compute_s, comm_s) for j in "AB"},
             "naive": {j: _stats(j, 2 * solo / 1.2, compute_s, comm_s) for j in "AB"},
@@ -129,7 +129,9 @@ def _scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
             "crossover_env": {j: _stats(j, 2 * solo / (1.05 * crossover_speedup), compute_s,
                                         comm_s) for j in "AB"},
             "naive_env": {j: _stats(j, 2 * solo / (1.1 * 1.2), compute_s, comm_s)
-                          for j in "AB"}}
+                          for j in "AB"},
+            "crossover_turn": {j: _stats(j, 2 * solo / (1.15 * crossover_speedup), compute_s,
+                                         comm_s) for j in "AB"}}
 
 
 def _trial_results(speedups: list[float]) -> list[dict]:
@@ -455,7 +457,6 @@ def test_priority_scenario_summary_and_report(tmp_path):
 
 
 def test_scenario_job_settings_mark_the_primary_and_split_the_secondary():
-    from experiments import scenarios
     assert scenarios.job_names(3) == ("A", "B", "C")
     with pytest.raises(ValueError, match="1..4 jobs"):
         scenarios.job_names(5)
@@ -574,6 +575,32 @@ def test_naive_and_crossover_both_with_the_setting(fake_runs, tmp_path):
     markdown = (tmp_path / "compare.md").read_text()
     assert "| naive with --scenario_env / naive | 1.100 |" in markdown
     assert "| crossover / naive, both with --scenario_env | " in markdown
+
+
+def test_crossover_turn_runs_interleaved_and_is_attributed(fake_runs, tmp_path):
+    """The link-turn scenario runs in the same rotation, gets its ratios, and its crossed
+    round its own attribution beside crossover's."""
+    result = compare.run(overrides={
+        "scenarios": ["sequential", "naive", "crossover", "crossover_turn"], "trials": 1,
+        "bandwidth_mbit": 50.0, "comm_cpu_probe": False, "out_dir": str(tmp_path)})
+    assert fake_runs == ["t0_sequential", "t0_naive", "t0_crossover", "t0_crossover_turn"]
+    ratios = result["ratios"]
+    assert ratios["crossover_turn_over_crossover"] == pytest.approx(1.15)
+    assert ratios["crossover_turn_over_naive"] == pytest.approx(
+        ratios["crossover_over_naive"] * 1.15)
+    markdown = (tmp_path / "compare.md").read_text()
+    assert "| crossover with link turns / crossover | 1.150 |" in markdown
+    for name, scenario in (("attribution", "crossover"), ("attribution_turn", "crossover_turn")):
+        attribution = json.loads((tmp_path / f"{name}.json").read_text())
+        assert attribution["scenario"] == scenario
+        assert (tmp_path / f"{name}.md").read_text().startswith(f"Scenario {scenario}.")
+
+
+def test_crossover_turn_jobs_take_positions_in_order():
+    assert scenarios.job_settings("crossover_turn", "ABC", 1) == {
+        "A": {"link_turn": 0, "link_turn_jobs": 3}, "B": {"link_turn": 1, "link_turn_jobs": 3},
+        "C": {"link_turn": 2, "link_turn_jobs": 3}}
+    assert scenarios.job_settings("crossover", "AB", 1) == {"A": {}, "B": {}}
 
 
 @pytest.mark.parametrize("overrides, message", [

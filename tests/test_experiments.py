@@ -131,13 +131,24 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
         # already steps on (about 2.5 s here), to overlap the primary's timed steps.
         "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32, "steps": 300,
         "warmup_steps": 10, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path),
-        "timeout_s": 300.0, "scenarios": ["sequential", "naive", "crossover", "priority"],
+        "timeout_s": 300.0,
+        "scenarios": ["sequential", "naive", "crossover", "crossover_turn", "priority"],
         "secondary_micro_batches": 2, "horovod_timelines": True})
-    for name in ("compare.json", "compare.md", "compare.png", "attribution.md"):
+    for name in ("compare.json", "compare.md", "compare.png", "attribution.md",
+                 "attribution_turn.md"):
         assert (tmp_path / name).stat().st_size > 0, name
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert set(saved["scenarios"]) == {"solo_A", "solo_B", "sequential", "naive", "crossover",
-                                       "priority"}
+                                       "crossover_turn", "priority"}
+    # Link turns: every step's allreduce took one, and the two jobs' turns never overlapped.
+    turned = saved["scenarios"]["crossover_turn"]["jobs"]
+    for job in ("A", "B"):
+        assert turned[job]["turn"]["turns"] == 300, turned[job]["turn"]
+        assert len(turned[job]["turn_events_ns"]) == 300
+    turn_attribution = json.loads((tmp_path / "attribution_turn.json").read_text())
+    assert turn_attribution["scenario"] == "crossover_turn"
+    overlapped = turn_attribution["allreduce_overlap"]["overlapped_fraction"]
+    assert max(overlapped.values()) < 0.01, overlapped
     priority_jobs = saved["scenarios"]["priority"]["jobs"]
     assert (priority_jobs["A"]["priority"], priority_jobs["B"]["priority"]) == (
         "primary", "secondary")
@@ -174,8 +185,8 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
     assert "planner" in saved and saved["planner"]["prediction"]
     runs = {p.parent.parent.name + "/" + p.parent.name
             for p in (tmp_path / "tensorboard").glob("*/*/events.out.tfevents.*")}
-    assert runs == {f"t0_{s}/{j}" for s in ("sequential", "naive", "crossover", "priority")
-                    for j in "AB"}
+    assert runs == {f"t0_{s}/{j}" for s in ("sequential", "naive", "crossover", "crossover_turn",
+                                            "priority") for j in "AB"}
     assert result["ratios"] == saved["ratios"]
     assert saved["trials"] == 1 and saved["regime"]["bandwidth_source"] == "fixed"
     assert saved["regime"]["achieved_comm_to_compute"]["median"] > 0

@@ -6,13 +6,12 @@ two real crossed Horovod jobs (horovodrun --gloo, 2 ranks each) that take turns.
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import horovodrun_command, run_bounded
+from conftest import horovodrun_command, run_alongside, run_bounded
 from crossover_tf import timeline
 from test_strategy import WORKER, _check, _load
 
@@ -33,14 +32,19 @@ def test_bad_positions_are_clear_errors(position, jobs):
 
 
 def test_a_lone_job_takes_turns_without_waiting(lease_group):
-    """Joining with nobody else turning gives offset 0 (through the job's agreement); wait and
-    done pass tensors through unchanged; stats and timeline count each turn."""
+    """Joining with nobody else turning is unconstrained, so offset 0; otherwise the offset is
+    what the job's ranks agree on. Wait and done pass tensors through unchanged; stats and
+    timeline count each turn."""
     import tensorflow as tf
+    from crossover_tf.lease.link_turn import UNCONSTRAINED
     agreed = []
-    turn = _turn(lease_group, agree=lambda n: agreed.append(n) or n + 7)
+    turn = _turn(lease_group, agree=lambda n: agreed.append(n) or n)
     with pytest.raises(tf.errors.InvalidArgumentError, match="not joined"):
         turn.wait([tf.constant(1.0)])
-    assert turn.join() == 7 and agreed == [0] and turn.joined
+    assert turn.join() == 0 and agreed == [UNCONSTRAINED] and turn.joined
+    turn.leave()
+    turn = _turn(lease_group, agree=lambda n: -3)   # another rank saw an earlier turn
+    assert turn.join() == -3
     x = {"a": tf.constant([1.0, 2.0]), "b": tf.constant(3)}
     for _ in range(3):
         out = turn.done(turn.wait(x))
@@ -91,25 +95,20 @@ def _intervals(result: dict) -> np.ndarray:
 @pytest.mark.slow
 def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
     """Two crossed jobs (2 ranks each, two epochs: they leave and rejoin at the epoch's end)
-    train like plain Keras, and on each host their allreduces never overlap: they alternate,
-    in the same order on both hosts, each between its compute and its apply."""
+    train like plain Keras, and on each host their allreduces never overlap, go in the same
+    order on both hosts, and each sits between its compute and its apply. (They alternate
+    while both jobs step; tiny steps like these also run alone for a while when one job is
+    slower through its epoch's end, so the test does not count switches.)"""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     args = ["--steps", str(STEPS), "--epochs", str(EPOCHS), "--barrier", f"{barrier}:4",
             "--group", lease_group, "--fit_only"]
-    job_a = subprocess.Popen(
-        horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                           "--link_turn", "0", *args),
-        env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    try:
-        _check(run_bounded(horovodrun_command(
-            2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"), "--link_turn", "1",
-            *args), child_env, timeout=240))
-        out, _ = job_a.communicate(timeout=240)
-        assert job_a.returncode == 0, out[-6000:]
-    finally:
-        job_a.kill()
+    for result in run_alongside(
+            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                               "--link_turn", "0", *args),
+            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
+                               "--link_turn", "1", *args), child_env, timeout=240):
+        _check(result)
     _check(run_bounded([sys.executable, WORKER, str(tmp_path / "ref_RANK.json"), "--reference",
                         "--steps", str(STEPS), "--epochs", str(EPOCHS)], child_env, 240))
     crossed_a, crossed_b = _load(tmp_path, "a", 2), _load(tmp_path, "b", 2)
@@ -137,8 +136,5 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
             assert end <= start, f"host {rank}: two allreduces overlapped"
         order = "".join(job for _, _, job in both)
         orders.append(order)
-        # Alternating, except where one job runs alone while the other (re)joins.
-        switches = sum(x != y for x, y in zip(order, order[1:]))
-        assert switches >= len(order) - 1 - 4 * EPOCHS, order
     assert orders[0] == orders[1], f"the hosts went through the turns in different orders: {orders}"
     assert sum(r["turn_stats"]["waited"] for r in crossed_a + crossed_b) > 0

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import horovodrun_command, run_bounded
+from conftest import horovodrun_command, run_alongside, run_bounded
 from crossover_tf import timeline
 
 WORKER = str(pathlib.Path(__file__).with_name("strategy_worker.py"))
@@ -31,19 +31,12 @@ def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group,
     barrier.mkdir()
     crossed_args = ["--steps", str(STEPS), "--barrier", f"{barrier}:4"]   # 2 jobs x 2 ranks
     common = ["--steps", str(STEPS)]
-    job_a = subprocess.Popen(
-        horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                           "--group", lease_group, "--save", str(tmp_path), *crossed_args),
-        env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    try:
-        _check(run_bounded(horovodrun_command(
-            2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"), "--group", lease_group,
-            *crossed_args), child_env, timeout=240))
-        out, _ = job_a.communicate(timeout=240)
-        assert job_a.returncode == 0, out[-6000:]
-    finally:
-        job_a.kill()
+    for result in run_alongside(
+            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                               "--group", lease_group, "--save", str(tmp_path), *crossed_args),
+            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
+                               "--group", lease_group, *crossed_args), child_env, timeout=240):
+        _check(result)
     _check(run_bounded(horovodrun_command(
         2, sys.executable, WORKER, str(tmp_path / "solo_RANK.json"), *common), child_env, 240))
     _check(run_bounded([sys.executable, WORKER, str(tmp_path / "ref_RANK.json"), "--reference",

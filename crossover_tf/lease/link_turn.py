@@ -12,8 +12,11 @@ waits cannot form a cycle across hosts. A peer that died or left is not waited f
 is bounded (wait_s): the order is a schedule, never needed for correctness, so after the bound
 the allreduce runs anyway and the skip is counted.
 
-Joining is a collective of the job's own ranks: each reads where the jobs already turning on
-its host are, and all adopt the largest, so one job's ranks agree on its offset.
+Joining is a collective of the job's own ranks: each reads the latest index that puts the
+job's first turn before the next turn of every job already turning on its host, and all adopt
+the smallest, so one job's ranks agree on its offset. A joining job thus goes first: the jobs
+already turning wait at most for its first allreduce, and it never waits for a peer that is
+momentarily not stepping (at a barrier, say).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import numpy as np
 from crossover_tf.lease.device_lease import DeviceLease, decode_named_values, validate_timeout
 
 MAX_JOBS = 8  # the C++ core's kMaxTurnJobs
+UNCONSTRAINED = 1 << 62  # the C++ core's kTurnUnconstrained: nobody else turns here
 
 
 def validate_turn(position: int, jobs: int) -> tuple[int, int]:
@@ -54,7 +58,7 @@ class LinkTurn:
 
     wait(tensors) goes between the gradients and their allreduce, done(tensors) after it; both
     pass their tensors through, like the lease's acquire and release. agree maps this rank's
-    proposed offset to the job's common one (a max over the job's ranks).
+    proposed offset to the job's common one (a min over the job's ranks).
     """
 
     def __init__(self, lease: DeviceLease, position: int, jobs: int,
@@ -76,6 +80,7 @@ class LinkTurn:
         proposal = int(self._ops.crossover_link_turn_join(position=self.position, jobs=self.jobs,
                                                           **self._names))
         offset = int(self._agree(proposal))
+        offset = 0 if offset >= UNCONSTRAINED else offset
         self._ops.crossover_link_turn_start(offset, **self._names)
         self.joined, self._paused = True, False
         return offset
