@@ -237,16 +237,18 @@ class TurnTimelineOp : public LeaseKernel {
 
 }  // namespace
 
-REGISTER_OP("CrossoverAcquireLease")
+// Every op names its lease (group, device_key) and is stateful, so grappler never prunes,
+// dedups or reorders it.
+#define LEASE_OP(name) \
+  REGISTER_OP(name).Attr("group: string").Attr("device_key: string").SetIsStateful()
+
+LEASE_OP("CrossoverAcquireLease")
     .Input("inputs: T")
     .Output("outputs: T")
     .Attr("T: list(type) >= 0")
-    .Attr("group: string")
-    .Attr("device_key: string")
     .Attr("timeout_seconds: float = 600")
     .Attr("tag: int = 0")
     .Attr("priority: int = 1")
-    .SetIsStateful()
     .SetShapeFn(PassThroughShapes)
     .Doc(R"doc(
 Blocks until this process holds the device lease named by group and device_key, then passes
@@ -255,14 +257,11 @@ tag labels the acquisition in the lease timeline (e.g. 1 = compute, 2 = apply). 
 waiter's class (0 secondary, 1 normal, 2 primary): classes queue in that order, FIFO within one.
 )doc");
 
-REGISTER_OP("CrossoverYieldLease")
+LEASE_OP("CrossoverYieldLease")
     .Input("inputs: T")
     .Output("outputs: T")
     .Attr("T: list(type) >= 0")
-    .Attr("group: string")
-    .Attr("device_key: string")
     .Attr("reserve_seconds: float = 0")
-    .SetIsStateful()
     .SetShapeFn(PassThroughShapes)
     .Doc(R"doc(
 Releases the device lease (if held) once its inputs exist and, on GPU, once the compute stream
@@ -278,37 +277,28 @@ absl::Status NamedValuesShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-REGISTER_OP("CrossoverLeaseStats")
+LEASE_OP("CrossoverLeaseStats")
     .Output("stats: float64")
     .Output("names: string")
-    .Attr("group: string")
-    .Attr("device_key: string")
-    .SetIsStateful()
     .SetShapeFn(NamedValuesShape<sizeof(kLeaseStatsFields) / sizeof(kLeaseStatsFields[0])>)
     .Doc(R"doc(
 This process's lease statistics and, in the same order, their names (acquires, handoffs,
 contended, recoveries, wait_s, hold_s, max_wait_s, max_hold_s, held).
 )doc");
 
-REGISTER_OP("CrossoverLinkTurnStats")
+LEASE_OP("CrossoverLinkTurnStats")
     .Output("stats: float64")
     .Output("names: string")
-    .Attr("group: string")
-    .Attr("device_key: string")
-    .SetIsStateful()
     .SetShapeFn(NamedValuesShape<sizeof(kTurnStatsFields) / sizeof(kTurnStatsFields[0])>)
     .Doc(R"doc(
 This process's link turn statistics and their names (turns, waited, skipped, wait_s,
 max_wait_s).
 )doc");
 
-REGISTER_OP("CrossoverLinkTurnJoin")
+LEASE_OP("CrossoverLinkTurnJoin")
     .Output("next_index: int64")
-    .Attr("group: string")
-    .Attr("device_key: string")
     .Attr("position: int")
     .Attr("jobs: int")
-    .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
 Registers this process as job `position` of `jobs` in the group's link turn order on this
@@ -316,33 +306,24 @@ host; returns the next turn index of the jobs already turning here. Start with
 CrossoverLinkTurnStart once the job's ranks agreed on an offset.
 )doc");
 
-REGISTER_OP("CrossoverLinkTurnStart")
+LEASE_OP("CrossoverLinkTurnStart")
     .Input("offset: int64")
-    .Attr("group: string")
-    .Attr("device_key: string")
-    .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
 Starts taking link turns: this job's allreduce k is global turn offset + k.
 )doc");
 
-REGISTER_OP("CrossoverLinkTurnLeave")
-    .Attr("group: string")
-    .Attr("device_key: string")
-    .SetIsStateful()
+LEASE_OP("CrossoverLinkTurnLeave")
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
 Stops taking link turns (end of training): the other jobs no longer wait for this one.
 )doc");
 
-REGISTER_OP("CrossoverLinkTurnWait")
+LEASE_OP("CrossoverLinkTurnWait")
     .Input("inputs: T")
     .Output("outputs: T")
     .Attr("T: list(type) >= 0")
-    .Attr("group: string")
-    .Attr("device_key: string")
     .Attr("wait_seconds: float = 10")
-    .SetIsStateful()
     .SetShapeFn(PassThroughShapes)
     .Doc(R"doc(
 Waits until the other jobs' earlier allreduces on this host are done (or wait_seconds pass, or
@@ -350,13 +331,10 @@ they die or leave), then passes its inputs through: put it between the gradients
 allreduce. Never holds anything while it waits.
 )doc");
 
-REGISTER_OP("CrossoverLinkTurnDone")
+LEASE_OP("CrossoverLinkTurnDone")
     .Input("inputs: T")
     .Output("outputs: T")
     .Attr("T: list(type) >= 0")
-    .Attr("group: string")
-    .Attr("device_key: string")
-    .SetIsStateful()
     .SetShapeFn(PassThroughShapes)
     .Doc(R"doc(
 Marks this job's current link turn done once its inputs (the allreduced gradients) exist.
@@ -367,22 +345,16 @@ absl::Status EventMatrixShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-REGISTER_OP("CrossoverLeaseTimeline")
+LEASE_OP("CrossoverLeaseTimeline")
     .Output("events: int64")
-    .Attr("group: string")
-    .Attr("device_key: string")
-    .SetIsStateful()
     .SetShapeFn(EventMatrixShape)
     .Doc(R"doc(
 This process's recent lease events, oldest first: [request_ns, acquired_ns, released_ns, tag]
 in CLOCK_REALTIME nanoseconds (released_ns = 0 while held).
 )doc");
 
-REGISTER_OP("CrossoverLinkTurnTimeline")
+LEASE_OP("CrossoverLinkTurnTimeline")
     .Output("events: int64")
-    .Attr("group: string")
-    .Attr("device_key: string")
-    .SetIsStateful()
     .SetShapeFn(EventMatrixShape)
     .Doc(R"doc(
 This process's recent link turns, oldest first: [request_ns, start_ns, done_ns, skipped] in

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import horovodrun_command, run_alongside, run_bounded
 from crossover_tf import timeline
-from test_strategy import WORKER, _check, _load
+from test_strategy import WORKER, _check, _load, assert_trains_like_reference
 
 STEPS, EPOCHS = 20, 2
 
@@ -95,10 +95,10 @@ def _intervals(result: dict) -> np.ndarray:
 @pytest.mark.slow
 def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
     """Two crossed jobs (2 ranks each, two epochs: they leave and rejoin at the epoch's end)
-    train like plain Keras, and on each host their allreduces never overlap, go in the same
-    order on both hosts, and each sits between its compute and its apply. (They alternate
-    while both jobs step; tiny steps like these also run alone for a while when one job is
-    slower through its epoch's end, so the test does not count switches.)"""
+    train like plain Keras; on each host their allreduces do not overlap (but for one per
+    join), go in the same order on both hosts, and each sits between its compute and apply.
+    (They alternate while both jobs step; tiny steps like these also run alone for a while
+    when one job is slower through its epoch's end, so the test does not count switches.)"""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     args = ["--steps", str(STEPS), "--epochs", str(EPOCHS), "--barrier", f"{barrier}:4",
@@ -114,12 +114,7 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
     crossed_a, crossed_b = _load(tmp_path, "a", 2), _load(tmp_path, "b", 2)
     (reference,) = _load(tmp_path, "ref", 1)
     for crossed in (crossed_a, crossed_b):
-        mean_loss = np.mean([r["losses"] for r in crossed], axis=0)
-        np.testing.assert_allclose(mean_loss, reference["losses"], rtol=1e-4, atol=1e-6)
-        for w_rank0, w_rank1, w_ref in zip(crossed[0]["weights"], crossed[1]["weights"],
-                                           reference["weights"]):
-            np.testing.assert_array_equal(w_rank0, w_rank1)
-            np.testing.assert_allclose(w_rank0, w_ref, rtol=1e-4, atol=1e-5)
+        assert_trains_like_reference(crossed, reference)
 
     orders = []
     for rank in range(2):   # rank r of A and rank r of B share host r's device cpu<r>
@@ -132,9 +127,14 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
             assert np.all(turns[:, 1] <= phases[:, 3]), "apply began before the allreduce ended"
         both = sorted([(s, e, "A") for s, e in _intervals(a)] +
                       [(s, e, "B") for s, e in _intervals(b)])
-        for (_, end, _), (start, _, _) in zip(both, both[1:]):
-            assert end <= start, f"host {rank}: two allreduces overlapped"
+        # A job that joins (each epoch) takes the turn before the other's next one, which may
+        # already be under way on this host: at most one overlap per join, by design (see
+        # lease/link_turn.py); without turns nearly every allreduce overlaps.
+        overlaps = sum(end > start for (_, end, _), (start, _, _) in zip(both, both[1:]))
+        assert overlaps <= 2 * EPOCHS, f"host {rank}: {overlaps} allreduces overlapped"
         order = "".join(job for _, _, job in both)
         orders.append(order)
-    assert orders[0] == orders[1], f"the hosts went through the turns in different orders: {orders}"
+    # The same order on both hosts, but where a join let two turns swap (see above).
+    differ = sum(x != y for x, y in zip(*orders))
+    assert len(orders[0]) == len(orders[1]) and differ <= 4 * EPOCHS, orders
     assert sum(r["turn_stats"]["waited"] for r in crossed_a + crossed_b) > 0

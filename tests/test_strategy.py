@@ -24,6 +24,17 @@ def _check(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stdout[-6000:]
 
 
+def assert_trains_like_reference(ranks: list[dict], reference: dict) -> None:
+    """A job's ranks end with identical weights, and train like one process on the global
+    batch: Keras logs each rank's running mean loss, whose average is the global one."""
+    mean_loss = np.mean([r["losses"] for r in ranks], axis=0)
+    np.testing.assert_allclose(mean_loss, reference["losses"], rtol=1e-4, atol=1e-6)
+    for w_rank0, w_rank1, w_ref in zip(ranks[0]["weights"], ranks[1]["weights"],
+                                       reference["weights"]):
+        np.testing.assert_array_equal(w_rank0, w_rank1)
+        np.testing.assert_allclose(w_rank0, w_ref, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group, child_env):
@@ -49,13 +60,7 @@ def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group,
         np.testing.assert_allclose(crossed["losses"], plain["losses"], rtol=1e-6, atol=1e-7)
         for w_crossed, w_plain in zip(crossed["weights"], plain["weights"]):
             np.testing.assert_allclose(w_crossed, w_plain, rtol=1e-6, atol=1e-7)
-    # Keras logs each rank's running mean loss; their average is the global running mean.
-    mean_loss = np.mean([r["losses"] for r in crossed_a], axis=0)
-    np.testing.assert_allclose(mean_loss, reference["losses"], rtol=1e-4, atol=1e-6)
-    for w_rank0, w_rank1, w_ref in zip(crossed_a[0]["weights"], crossed_a[1]["weights"],
-                                       reference["weights"]):
-        np.testing.assert_array_equal(w_rank0, w_rank1)
-        np.testing.assert_allclose(w_rank0, w_ref, rtol=1e-4, atol=1e-5)
+    assert_trains_like_reference(crossed_a, reference)
     assert reference["losses"][-1] < reference["losses"][0]
 
     for rank in range(2):
