@@ -30,8 +30,8 @@ meanwhile (X, ``comm_cpu_s``): ``max(D_A + D_B + 2h + X_A + X_B, U_A + U_B, M_A 
 D_A + h + M_A + O_A, D_B + h + M_B + O_B)``. A hold longer than the CPU it uses (a step that
 waits inside it) is what makes naive win on a CPU.
 
-* crossover_alternating: the per-round formula, i.e. strict A, B alternation
-  with the allreduces also taking turns on the link, one step per job per
+* crossover_turn: crossover with link turns (CrossoverStrategy(link_turn=...)): strict A, B
+  alternation with the allreduces also taking turns on the link, one step per job per
   round; the round is the max-plus cycle time of that schedule::
 
       R = max(D_A + D_B + 2h, M_A + M_B, D_A + h + M_A + O_A, D_B + h + M_B + O_B)
@@ -41,6 +41,16 @@ waits inside it) is what makes naive win on a CPU.
   expression over sampled rounds.  The real lease can beat it (extra turns for
   the faster job) or fall short of it (an allreduce started while the other
   job's is still running shares the link); ``crossover`` models both.
+
+Link contention (comm_cost.LinkContention, measured by comm_cpu.measure_contention) enters every
+model the same way. Allreduces that overlap at random, as under naive co-location and plain
+crossing, move ``shared_efficiency`` (eta) of what the link moves for one job: the shared link
+runs at eta/2 per job in the fluid model, and the link bound of a round becomes
+``(M_A + M_B) / eta`` in the cpu model. Link turns never overlap two allreduces, so
+crossover_turn keeps eta = 1. On the cpu model an allreduce also takes ``compute_slowdown``
+(kappa) times as long while its core computes, for the share of the round the core is busy
+(``U / R``): each allreduce counts ``1 + (kappa - 1) * min(1, U / R)`` times its solo length,
+with R the round it is in (a fixed point, a few iterations).
 """
 
 from __future__ import annotations
@@ -52,8 +62,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from crossover_tf_planner import fluid
+from crossover_tf_planner.comm_cost import NO_CONTENTION, LinkContention
 from crossover_tf_planner.device_models import DeviceModel, device_model
-from crossover_tf_planner.policies import PREDICTED, recommended_policy
+from crossover_tf_planner.policies import PREDICTED
 from crossover_tf_planner.profile import JobProfile
 
 
@@ -127,15 +138,16 @@ def shift_offsets_s(times: PairTimes, n_offsets: int) -> np.ndarray:
 
 def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
                        device_efficiency: float | None = None, samples: int = 0, seed: int = 0,
-                       n_events: int = 1200, model: str | DeviceModel = "gpu"
-                       ) -> dict[str, np.ndarray]:
+                       n_events: int = 1200, model: str | DeviceModel = "gpu",
+                       contention: LinkContention = NO_CONTENTION) -> dict[str, np.ndarray]:
     """Steps/s of each job (shape (n, 2)) under every policy in ``PREDICTED``, plus
     the chosen shift offset (``"shift_offset_s"``, shape (n,)), on device ``model``
-    (``device_efficiency`` overrides the model's)."""
+    (``device_efficiency`` overrides the model's) with the link's measured ``contention``."""
     model = device_model(model, device_efficiency)
     if model.naive_sharing == "work-conserving":
         return _work_conserving_steps_per_s(times, samples=samples, seed=seed,
-                                            comm_cpu=model.comm_on_device)
+                                            comm_cpu=model.comm_on_device,
+                                            contention=contention)
     device_efficiency = model.device_efficiency
     period = times.period_s
     offsets = shift_offsets_s(times, n_offsets)
@@ -146,7 +158,8 @@ def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
         return fluid.colocated_steps_per_s(
             work, offsets.reshape(-1), leased=leased,
             handoff_s=np.repeat(times.handoff_s, k, axis=0),
-            device_efficiency=device_efficiency, n_events=n_events).reshape(n, k, 2)
+            device_efficiency=device_efficiency, n_events=n_events,
+            link_efficiency=contention.shared_efficiency).reshape(n, k, 2)
 
     free = per_offset(leased=False)
     best = (free * period[:, None, :]).sum(axis=2).argmax(axis=1)
@@ -156,26 +169,58 @@ def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
         "naive": free.mean(axis=1),
         "shift": free[np.arange(n), best],
         "crossover": per_offset(leased=True).mean(axis=1),
-        "crossover_alternating": np.repeat(ideal[:, None], 2, axis=1),
+        "crossover_turn": np.repeat(ideal[:, None], 2, axis=1),
         "shift_offset_s": offsets[np.arange(n), best],
     }
 
 
-def _work_conserving_steps_per_s(times: PairTimes, *, samples: int, seed: int, comm_cpu: bool
-                                 ) -> dict[str, np.ndarray]:
-    """The policies on a time-sliced core: naive (and any shift) keep the core and links
-    busy whenever a job has work, so a round (one step of each) is bounded only by the CPU both
-    steps use, the link both allreduces use and each job's own step; crossover serialises the
-    holds (crossover_round_s) and is bounded by the same CPU work."""
+def _work_conserving_steps_per_s(times: PairTimes, *, samples: int, seed: int, comm_cpu: bool,
+                                 contention: LinkContention) -> dict[str, np.ndarray]:
+    """The policies on a time-sliced core: naive (and any shift) keep the core busy whenever a
+    job has work, so a round (one step of each) is bounded only by the CPU both steps use, the
+    link both allreduces use (at the shared efficiency: nothing keeps them apart) and each
+    job's own step; crossover serialises the holds (crossover_round_s) and is bounded by the
+    same CPU work and the same shared link; with link turns the link carries one allreduce at
+    a time. Allreduces are slowed while the core computes (module docstring)."""
     cpu = times.cpu_s.sum(axis=1)
-    naive = 1.0 / np.maximum.reduce([cpu, times.link_s.sum(axis=1), times.period_s.max(axis=1)])
-    crossed = 1.0 / np.maximum(
-        crossover_round_s(times, samples=samples, seed=seed, comm_cpu=comm_cpu), cpu)
+    slowdown = contention.compute_slowdown if comm_cpu else 1.0
+    eta = contention.shared_efficiency
+
+    def naive_round(link: np.ndarray) -> np.ndarray:
+        return np.maximum.reduce([cpu, link.sum(axis=1) / eta,
+                                  (times.device_s + link + times.other_s).max(axis=1)])
+
+    def crossed_round(link: np.ndarray, efficiency: float) -> np.ndarray:
+        slowed = dataclasses.replace(times, link_s=link)
+        return np.maximum.reduce([
+            crossover_round_s(slowed, samples=samples, seed=seed, comm_cpu=comm_cpu), cpu,
+            link.sum(axis=1) / efficiency])
+
+    rounds = {"naive": _with_slowed_allreduces(naive_round, times.link_s, cpu, slowdown),
+              "crossover": _with_slowed_allreduces(
+                  lambda link: crossed_round(link, eta), times.link_s, cpu, slowdown),
+              "crossover_turn": _with_slowed_allreduces(
+                  lambda link: crossed_round(link, 1.0), times.link_s, cpu, slowdown)}
     both = np.ones((1, 2))
-    return {"sequential": 0.5 / times.period_s, "naive": naive[:, None] * both,
-            "shift": naive[:, None] * both, "crossover": crossed[:, None] * both,
-            "crossover_alternating": crossed[:, None] * both,
-            "shift_offset_s": np.zeros(len(naive))}
+    return {"sequential": 0.5 / times.period_s,
+            **{name: (1.0 / r)[:, None] * both for name, r in rounds.items()},
+            "shift": (1.0 / rounds["naive"])[:, None] * both,
+            "shift_offset_s": np.zeros(len(cpu))}
+
+
+def _with_slowed_allreduces(round_s, link_s: np.ndarray, cpu_s: np.ndarray, slowdown: float,
+                            iterations: int = 30) -> np.ndarray:
+    """The round R = round_s(link) whose allreduces last ``1 + (slowdown - 1) * min(1,
+    cpu_s / R)`` times their solo ``link_s``: the fixed point, from the unslowed round (R
+    grows with the factor and the factor shrinks with R, so the iterates close in on it;
+    damped so that they do not oscillate)."""
+    rounds = round_s(link_s)
+    if slowdown == 1.0:
+        return rounds
+    for _ in range(iterations):
+        factor = 1 + (slowdown - 1) * np.minimum(1.0, cpu_s / rounds)
+        rounds = 0.5 * (rounds + round_s(link_s * factor[:, None]))
+    return rounds
 
 
 def normalised_throughput(steps_per_s: np.ndarray, times: PairTimes) -> np.ndarray:
@@ -192,31 +237,45 @@ def hyperperiod_s(period_a: float, period_b: float, quantum_s: float = 1e-3) -> 
 TIE = 1e-3  # crossover and shift within 0.1% of each other are a tie (model noise)
 
 
+CROSSING = ("crossover", "crossover_turn", "shift")  # in order of preference in a tie
+
+
 def recommend(normalised: Mapping[str, float], min_gain: float = 0.05) -> tuple[str, str]:
     """Picks do-not-pair, naive, cross or shift from normalised throughputs, with a reason.
 
     The simplest way wins unless a more involved one beats it by ``min_gain``: running the
-    jobs one after the other, then naive co-location (no scheduler), then the better of
-    crossover and shift (a tie between those two goes to crossover: the lease holds its
-    schedule by construction, a shift has to be kept in place against run-time noise).
+    jobs one after the other, then naive co-location (no scheduler), then the best of
+    crossover, crossover with link turns and shift (a tie goes to crossover, then to link
+    turns: the lease holds its schedule by construction, a shift has to be kept in place
+    against run-time noise). Both crossovers are "cross"; ``recommended`` says which one.
     Policies missing from ``normalised`` (a measurement without shift) are not candidates, so
     the same rule names the measured winner of a comparison.
     """
+    choice, _, reason = recommended(normalised, min_gain)
+    return choice, reason
+
+
+def recommended(normalised: Mapping[str, float], min_gain: float = 0.05
+                ) -> tuple[str, str, str]:
+    """``recommend``'s choice, the policy it runs (crossover_turn: cross with link turns)
+    and its reason."""
     normalised = {"sequential": 1.0, **normalised}  # one after the other is 1 by definition
-    colocated = [p for p in ("crossover", "shift") if p in normalised]
+    colocated = [p for p in CROSSING if p in normalised]
     ladder = [("do not pair", "sequential"), ("naive", "naive")] if "naive" in normalised \
         else [("do not pair", "sequential")]
     if colocated:
-        best = max(colocated, key=lambda p: normalised[p] * (1 + TIE * (p == "crossover")))
-        ladder.append(("cross" if best == "crossover" else "shift", best))
+        best = max(colocated, key=lambda p: normalised[p] * (
+            1 + TIE * (len(CROSSING) - CROSSING.index(p))))
+        ladder.append(("shift" if best == "shift" else "cross", best))
     choice, policy = ladder[0]
     for candidate, candidate_policy in ladder[1:]:
         if normalised[candidate_policy] >= normalised[policy] * (1 + min_gain):
             choice, policy = candidate, candidate_policy
     gains = ", ".join(f"{normalised[policy] / normalised[p] - 1:+.1%} over {p}"
                       for _, p in ladder if p != policy)
-    return choice, (f"{policy} ({normalised[policy]:.3f} solo-job equivalents) gains {gains}; "
-                    f"a more involved policy must gain {min_gain:.0%} over a simpler one")
+    return choice, policy, (
+        f"{policy} ({normalised[policy]:.3f} solo-job equivalents) gains {gains}; a more "
+        f"involved policy must gain {min_gain:.0%} over a simpler one")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,10 +294,11 @@ class PairPrediction:
     expected_gain: float
     gain_vs_naive: float
     reason: str
+    policy: str = ""  # the policy the recommendation runs (crossover_turn: with link turns)
 
     @property
     def best_policy(self) -> str:
-        return recommended_policy(self.recommendation)
+        return self.policy
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -246,25 +306,25 @@ class PairPrediction:
 
 def predict_pairs(pairs: Sequence[tuple[JobProfile, JobProfile]], *, min_gain: float = 0.05,
                   n_offsets: int = 8, device_efficiency: float | None = None,
-                  samples: int = 2048, seed: int = 0, model: str | DeviceModel = "gpu"
-                  ) -> list[PairPrediction]:
+                  samples: int = 2048, seed: int = 0, model: str | DeviceModel = "gpu",
+                  contention: LinkContention = NO_CONTENTION) -> list[PairPrediction]:
     """Predicts all policies for each pair (vectorised) on device `model` (device_models:
-    "gpu" or "cpu") and recommends one per pair."""
+    "gpu" or "cpu") over a link with the measured `contention`, and recommends one per
+    pair."""
     for a, b in pairs:
         if a.name == b.name:
             raise ValueError(f"cannot pair job {a.name!r} with itself")
     times = PairTimes.from_profiles(pairs)
     model = device_model(model, device_efficiency)
     steps = policy_steps_per_s(times, n_offsets=n_offsets, samples=samples, seed=seed,
-                               model=model)
+                               model=model, contention=contention)
     normalised_all = {p: normalised_throughput(steps[p], times) for p in PREDICTED}
     predictions = []
     for i, (a, b) in enumerate(pairs):
         images = np.array([a.images_per_step, b.images_per_step])
         normalised = {p: float(normalised_all[p][i]) for p in PREDICTED}
-        choice, reason = recommend(normalised, min_gain)
-        chosen = recommended_policy(choice)
-        best_colocated = max(normalised["crossover"], normalised["shift"])
+        choice, chosen, reason = recommended(normalised, min_gain)
+        best_colocated = max(normalised[p] for p in CROSSING)
         predictions.append(PairPrediction(
             job_a=a.name, job_b=b.name, device_model=model.name, normalised=normalised,
             images_per_s={p: float(steps[p][i] @ images) for p in PREDICTED},
@@ -274,7 +334,7 @@ def predict_pairs(pairs: Sequence[tuple[JobProfile, JobProfile]], *, min_gain: f
             recommendation=choice,
             expected_gain=normalised[chosen] / normalised["sequential"],
             gain_vs_naive=best_colocated / normalised["naive"],
-            reason=reason))
+            reason=reason, policy=chosen))
     return predictions
 
 

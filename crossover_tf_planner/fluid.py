@@ -1,7 +1,9 @@
 """Fluid model of two jobs on one device and one link, vectorised over many cases.
 
 Both jobs repeat their step cycle (device -> link -> other).  The link is shared
-by processor sharing (equal bandwidth when both communicate).  The device is
+by processor sharing (equal bandwidth when both communicate, ``link_efficiency``
+of the link between them: allreduces that overlap at random move less than one
+alone, comm_cost.LinkContention).  The device is
 either
 
 * free (naive co-location and shift): processor-shared, each job gets
@@ -28,7 +30,8 @@ _NOBODY = -1
 def colocated_steps_per_s(work: np.ndarray, offset_s: np.ndarray, *,
                           leased: bool = False, handoff_s: np.ndarray | None = None,
                           device_efficiency: float = 1.0, n_events: int = 1200,
-                          warmup_fraction: float = 0.3) -> np.ndarray:
+                          warmup_fraction: float = 0.3, link_efficiency: float = 1.0
+                          ) -> np.ndarray:
     """Steady-state steps/s of two co-located jobs, for ``n`` independent cases.
 
     ``work`` has shape ``(n, 2, 3)``: per case, per job, the seconds of device,
@@ -50,7 +53,7 @@ def colocated_steps_per_s(work: np.ndarray, offset_s: np.ndarray, *,
     warmup = int(n_events * warmup_fraction)
     for event in range(n_events):
         on_device = phase == DEVICE
-        rate = _rates(phase, holder if leased else None, device_efficiency)
+        rate = _rates(phase, holder if leased else None, device_efficiency, link_efficiency)
         with np.errstate(divide="ignore"):
             time_left = np.where(rate > 0, remaining / np.maximum(rate, 1e-300), np.inf)
         dt = time_left.min(axis=1)
@@ -88,13 +91,14 @@ def _checked_inputs(work: np.ndarray, offset_s: np.ndarray, handoff_s: np.ndarra
     return work, offset_s, handoff
 
 
-def _rates(phase: np.ndarray, holder: np.ndarray | None, device_efficiency: float
-           ) -> np.ndarray:
-    """Speed of each job's current phase: the link is shared equally; the device goes to
-    the lease holder only (``holder`` given) or is processor-shared."""
+def _rates(phase: np.ndarray, holder: np.ndarray | None, device_efficiency: float,
+           link_efficiency: float = 1.0) -> np.ndarray:
+    """Speed of each job's current phase: the link is shared equally (``link_efficiency``
+    of it between the two); the device goes to the lease holder only (``holder`` given) or
+    is processor-shared."""
     on_device = phase == DEVICE
     rate = np.where(phase == LINK, np.where((phase == LINK).all(1, keepdims=True),
-                                            0.5, 1.0), 1.0)
+                                            link_efficiency / 2, 1.0), 1.0)
     if holder is not None:
         return np.where(on_device, (holder[:, None] == np.arange(2)[None, :]).astype(float),
                         rate)

@@ -8,8 +8,9 @@ to run.
 from __future__ import annotations
 
 POLICIES = ("sequential", "naive", "shift", "crossover")
-PREDICTED = POLICIES + ("crossover_alternating",)
-MEASURED = ("sequential", "naive", "crossover")  # what experiments/compare.py runs
+PREDICTED = POLICIES + ("crossover_turn",)  # crossover with link turns
+MEASURED = ("sequential", "naive", "crossover")  # what experiments/compare.py runs by default
+VALIDATED = MEASURED + ("crossover_turn",)  # measured scenarios the planner predicts
 RECOMMENDED_POLICY = {"cross": "crossover", "shift": "shift", "naive": "naive",
                       "do not pair": "sequential"}
 RECOMMENDATIONS = tuple(RECOMMENDED_POLICY)

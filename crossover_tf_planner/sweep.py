@@ -43,8 +43,8 @@ class SweepResult:
             "pairs": int(shift.size),
             "shift_helps_vs_naive": float(shift.mean()),
             "crossover_helps_vs_naive": float(cross.mean()),
-            "crossover_alternating_helps_vs_naive":
-                float(self.helps("crossover_alternating").mean()),
+            "crossover_turn_helps_vs_naive":
+                float(self.helps("crossover_turn").mean()),
             "crossover_helps_where_shift_fails": float(cross[~shift].mean()) if (~shift).any()
             else 0.0,
             "neither_helps": float((~shift & ~cross).mean()),
@@ -80,9 +80,9 @@ class SweepResult:
             f"by more than {self.threshold:.0%} (cell: shift / crossover, over job B's C/M "
             "ratios).", "", *lines, "",
             f"- shift helps: {h['shift_helps_vs_naive']:.1%}; crossover helps: "
-            f"{h['crossover_helps_vs_naive']:.1%}; strictly alternating crossover "
+            f"{h['crossover_helps_vs_naive']:.1%}; crossover with link turns "
             "(per-round formula): "
-            f"{h['crossover_alternating_helps_vs_naive']:.1%}",
+            f"{h['crossover_turn_helps_vs_naive']:.1%}",
             f"- where shift fails, crossover helps in "
             f"{h['crossover_helps_where_shift_fails']:.1%}; neither helps in "
             f"{h['neither_helps']:.1%}",

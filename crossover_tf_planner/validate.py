@@ -3,8 +3,9 @@ two-host comparison run (the JSON ``experiments/compare.py`` writes).
 
 Profiles come from the solo scenarios only, so every pair scenario is a true
 prediction. The analytical column uses the device model of the emulated cluster
-(``cpu``: naive co-location is work-conserving, allreduces take ``comm_cpu_s`` of
-the core, from the comparison's or a given comm CPU calibration); the simulator
+(``cpu``: naive co-location keeps the core busy, allreduces take ``comm_cpu_s`` of
+the core, from the comparison's or a given comm CPU calibration, and the link loses what
+the comparison's regime.link_contention measured); the simulator
 column keeps the GPU-like sharing (processor sharing from random phases), so the
 table shows which model the measurement supports. Comparisons of more than two
 jobs are checked against the FIFO round (analytical.fifo_round_s).
@@ -23,13 +24,14 @@ import os
 from typing import Any, Mapping
 
 from crossover_tf_planner.analytical import fifo_round_s, naive_round_s, predict_pair, recommend
-from crossover_tf_planner.comm_cost import CommCpu
-from crossover_tf_planner.policies import MEASURED
+from crossover_tf_planner.comm_cost import CommCpu, LinkContention
+from crossover_tf_planner.policies import MEASURED, VALIDATED
 from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.profile import JobProfile, profile_from_train_stats
 from crossover_tf_planner.simulator import SimJob, simulate
 
-RATIOS = (("crossover", "sequential"), ("crossover", "naive"), ("naive", "sequential"))
+RATIOS = (("crossover", "sequential"), ("crossover", "naive"), ("naive", "sequential"),
+          ("crossover_turn", "sequential"), ("crossover_turn", "naive"))
 
 
 def load_comparison(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
@@ -102,7 +104,7 @@ def measured_normalised(data: Mapping[str, Any], profiles: tuple[JobProfile, ...
     the rate while both ran), else its `images_per_s`.
     """
     out = {}
-    for scenario in MEASURED:
+    for scenario in VALIDATED:
         entry = data["scenarios"].get(scenario, {})
         jobs = entry.get("jobs", {})
         if all(p.name in jobs for p in profiles):
@@ -126,6 +128,13 @@ def _aggregate_winner(measured_agg: Mapping[str, float]) -> str | None:
     return measured_winner({k: v / measured_agg["sequential"] for k, v in measured_agg.items()})
 
 
+def _recommendation_among(predicted: Mapping[str, float], measured: Mapping[str, float]
+                          ) -> str:
+    """The planner's recommendation among the policies the comparison ran (and shift, which
+    it never runs): a comparison without crossover_turn is checked on plain crossing."""
+    return recommend({k: v for k, v in predicted.items() if k in measured or k == "shift"})[0]
+
+
 def _error_pct(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
@@ -137,6 +146,8 @@ def _ratio_table(predicted: Mapping[str, Mapping[str, float]], measured: Mapping
         if top in measured and bottom in measured:
             row = {"measured": measured[top] / measured[bottom]}
             for model, values in predicted.items():
+                if top not in values or bottom not in values:
+                    continue  # e.g. the gpu-like simulator has no link turns
                 row[model] = values[top] / values[bottom]
                 row[f"{model}_error_pct"] = _error_pct(row[model], row["measured"])
             table[f"{top}/{bottom}"] = row
@@ -152,12 +163,13 @@ def validate_comparison(data_or_path: str | os.PathLike | Mapping[str, Any], *,
     profiles = profiles_from_comparison(data, comm_cpu)
     measured = measured_normalised(data, profiles)
     measured_agg = {k: float(data["scenarios"][k]["aggregate_images_per_s"])
-                    for k in MEASURED
+                    for k in VALIDATED
                     if "aggregate_images_per_s" in data["scenarios"].get(k, {})}
     if len(profiles) != 2:
         return _validate_fifo(profiles, measured, measured_agg)
     a, b = profiles
-    prediction = predict_pair(a, b, model=model)
+    contention = LinkContention.from_dict((data.get("regime") or {}).get("link_contention"))
+    prediction = predict_pair(a, b, model=model, contention=contention)
     simulated = {policy: simulate([SimJob(a, (0, 1), policy), SimJob(b, (0, 1), policy)],
                                   n_hosts=2, steps=sim_steps, seed=seed)
                  for policy in MEASURED}
@@ -170,8 +182,10 @@ def validate_comparison(data_or_path: str | os.PathLike | Mapping[str, Any], *,
         "profiles": [p.to_dict() for p in profiles],
         "normalised_ratios": _ratio_table(predicted_norm, measured),
         "aggregate_images_ratios": _ratio_table(predicted_agg, measured_agg),
-        "recommendation": {"predicted": prediction.recommendation,
+        "recommendation": {"predicted": _recommendation_among(prediction.normalised,
+                                                              measured_agg),
                            "measured_winner": _aggregate_winner(measured_agg)},
+        "link_contention": contention.to_dict(),
         "prediction": prediction.to_dict(),
     }
 

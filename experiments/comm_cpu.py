@@ -18,6 +18,14 @@ The same probe, run as two jobs at once (``measure_sharing``; ``plan.py
 --mode=link_sharing``), says how two jobs' allreduces share a host's link: their combined
 throughput over one job's alone (1: the link splits evenly; below 1: sharing wastes it, which a
 lease over the link could win back; above 1: the fixed parts of the allreduces overlap).
+
+``measure_contention`` (``plan.py --mode=contention``, and every comparison's regime) gives the
+planner's ``LinkContention`` in three short runs: one job whose allreduces are separated by
+random gaps (the solo time), the same with a busy loop on each host's core (the compute
+slowdown), and two such jobs at once, so that their allreduces overlap at random as those of
+jobs that nothing coordinates do (the shared efficiency). Started together and run back to
+back, two jobs share the link well (``measure_sharing``: 0.98x); overlapping at random they
+moved 0.89x (12.69 Mbit/s), the loss the planner needs for naive co-location and plain crossing.
 """
 from __future__ import annotations
 
@@ -26,16 +34,18 @@ import dataclasses
 import json
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
-from crossover_tf_planner.comm_cost import CommCpu, fit
+from crossover_tf_planner.comm_cost import CommCpu, LinkContention, fit, fit_contention
 
 MIN_RUN_S = 2.0
 DEFAULT_MB = 4.0  # allreduce size when the job's own is unknown (the cost is per MB)
 MAX_ALLREDUCES = 2000
+MAX_BUSY_S = 600.0  # a busy loop ends by itself even if its rank is killed
 
 
 class NotShaped(RuntimeError):
@@ -43,11 +53,14 @@ class NotShaped(RuntimeError):
 
 
 def worker(megabytes: float, seconds: float, idle_s: float, out: str,
-           start_barrier: str | None = None) -> None:
+           start_barrier: str | None = None, random_gaps: bool = False,
+           busy_core: bool = False) -> None:
     """One rank: timed allreduces of `megabytes` (after every rank of every probe job reached
     `start_barrier`, barrier.py's DIR:COUNT, when given: so that two probe jobs overlap), then
     one allreduce whose peer arrives `idle_s` late; rank 0 writes the measurements and each
-    timed allreduce's end time to `out`."""
+    timed allreduce's span to `out`. `random_gaps`: a gap drawn uniformly from [0, 2 x the
+    allreduce time] after each allreduce (the same draws on every rank of the job, others in
+    another job); `busy_core`: a busy loop shares the rank's core while it times."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -56,22 +69,30 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
     hvd.init()
     tensor = tf.ones([max(1, int(megabytes * 2**20 / 4))], tf.float32)
     allreduce = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum, name="comm_cpu_probe"))
-    start = time.perf_counter()
+    warm_up_s = []
     for _ in range(3):  # warm-up: graph tracing, Gloo's connections; sizes the timed run
+        start = time.perf_counter()
         allreduce(tensor).numpy()
-    per_allreduce = (time.perf_counter() - start) / 3
-    # Every rank must run the same number of allreduces: agree on the largest count asked for.
-    wanted = min(MAX_ALLREDUCES, max(5, int(seconds / per_allreduce)))
-    count = int(hvd.allreduce(tf.constant(float(wanted)), op=hvd.Max, name="comm_cpu_count"))
+        warm_up_s.append(time.perf_counter() - start)
+    # Every rank must run the same allreduces: agree on the slowest rank's allreduce time
+    # once traced and connected (the first warm-up does both).
+    per_allreduce = float(hvd.allreduce(tf.constant(min(warm_up_s[1:])), op=hvd.Max,
+                                        name="comm_cpu_time"))
+    gaps = _gaps(per_allreduce if random_gaps else 0.0, seconds, per_allreduce)
     if start_barrier:
         from experiments.barrier import wait_at_barrier
         wait_at_barrier(start_barrier, f"rank{hvd.rank()}-pid{os.getpid()}")
-    started_s, ends_s = time.time(), []
-    wall0, cpu0 = time.perf_counter(), _cpu_s()
-    for _ in range(count):
-        allreduce(tensor).numpy()
-        ends_s.append(time.time())
-    wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
+    spans_s = []
+    with _busy_loop(busy_core):
+        wall0, cpu0 = time.perf_counter(), _cpu_s()
+        for gap in gaps:
+            begin = time.time()
+            allreduce(tensor).numpy()
+            spans_s.append((begin, time.time()))
+            time.sleep(gap)
+        wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
+    count = len(gaps)
+    wall -= sum(gaps)
     small = tf.ones([1], tf.float32)
     allreduce(small).numpy()  # line the ranks up before the idle probe
     if hvd.rank() != 0:
@@ -83,19 +104,49 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
         pathlib.Path(out).write_text(json.dumps({
             "megabytes": tensor.shape[0] * 4 / 2**20, "allreduces": count,
             "wall_s_per_allreduce": wall / count, "cpu_s_per_allreduce": cpu / count,
-            "idle_wall_s": idle_wall, "idle_cpu_s": idle_cpu, "started_s": started_s,
-            "ends_s": ends_s}))
+            "idle_wall_s": idle_wall, "idle_cpu_s": idle_cpu, "started_s": spans_s[0][0],
+            "ends_s": [end for _, end in spans_s], "spans_s": spans_s}))
+
+
+def _gaps(mean_gap_s: float, seconds: float, per_allreduce_s: float) -> list[float]:
+    """The pause after each timed allreduce: uniform on [0, 2 x mean_gap_s] (0: back to back),
+    drawn from a seed of the job's name so that its ranks agree and two jobs differ; as many as
+    fill `seconds` (at least 5, at most MAX_ALLREDUCES)."""
+    import random
+    import zlib
+    count = min(MAX_ALLREDUCES, max(5, int(seconds / (per_allreduce_s + mean_gap_s))))
+    draw = random.Random(zlib.crc32(os.environ.get("CROSSOVER_JOB", "probe").encode()))
+    return [draw.uniform(0.0, 2 * mean_gap_s) for _ in range(count)]
+
+
+@contextlib.contextmanager
+def _busy_loop(enabled: bool) -> Iterator[None]:
+    """A process spinning on this rank's core (it inherits the host's CPU affinity) while the
+    block runs: the compute of a co-located job, without TensorFlow."""
+    if not enabled:
+        yield
+        return
+    import subprocess
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + "
+                                f"{MAX_BUSY_S}\nwhile time.monotonic() < end: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def _run_probes(cluster: Any, names: Sequence[str], megabytes: float, seconds: float,
                 idle_s: float, *, tmp: pathlib.Path, log_dir: str, timeout_s: float,
-                env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+                env: Mapping[str, str], random_gaps: bool = False, busy_core: bool = False
+                ) -> dict[str, dict[str, Any]]:
     """Runs one probe job per name at once on `cluster` (their timed allreduces starting
-    together); rank 0's measurements per job."""
+    together); rank 0's measurements per job (worker's `random_gaps` and `busy_core`)."""
     from experiments import launch_pair
-    barrier = [f"{tmp / 'barrier'}:{len(names) * len(cluster.hosts)}"] if len(names) > 1 else []
+    barrier = f"{tmp / 'barrier'}:{len(names) * len(cluster.hosts)}" if len(names) > 1 else ""
     commands = {name: [sys.executable, "-m", "experiments.comm_cpu", str(megabytes),
-                       str(seconds), str(idle_s), str(tmp / f"{name}.json"), *barrier]
+                       str(seconds), str(idle_s), str(tmp / f"{name}.json"), barrier,
+                       str(int(random_gaps)), str(int(busy_core))]
                 for name in names}
     results = launch_pair.run_jobs(cluster, commands, mode="concurrent", log_dir=log_dir,
                                    timeout_s=timeout_s, env=env)
@@ -126,7 +177,7 @@ def measure(bandwidth_mbit: float, megabytes: float = DEFAULT_MB, seconds: float
     with tempfile.TemporaryDirectory() as tmp, _shaped_cluster(bandwidth_mbit, num_hosts) as c:
         probe = _run_probes(c, ["comm_cpu"], megabytes, seconds, idle_s, tmp=pathlib.Path(tmp),
                             log_dir=log_dir, timeout_s=timeout_s, env=env)["comm_cpu"]
-    probe = {k: v for k, v in probe.items() if k not in ("started_s", "ends_s")}
+    probe = {k: v for k, v in probe.items() if k not in ("started_s", "ends_s", "spans_s")}
     return dataclasses.replace(fit(probe), bandwidth_mbit=bandwidth_mbit)
 
 
@@ -168,6 +219,34 @@ def measure_sharing(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
     return {"bandwidth_mbit": bandwidth_mbit, **sharing(solo, shared)}
 
 
-if __name__ == "__main__":  # one probe rank (launched by measure)
+def measure_contention(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
+                       seconds: float = 20.0, num_hosts: int = 2, timeout_s: float = 300.0,
+                       log_dir: str = "runs/plan/contention") -> LinkContention:
+    """The planner's LinkContention on one emulated cluster at `bandwidth_mbit` (module
+    docstring): a gapped job alone, alone beside a busy loop, and two gapped jobs at once
+    (about a minute and a half)."""
+    if seconds < MIN_RUN_S:
+        raise ValueError(f"probe too short to measure: seconds >= {MIN_RUN_S}")
+    with tempfile.TemporaryDirectory() as tmp, _shaped_cluster(bandwidth_mbit, num_hosts) as c:
+        kwargs = {"tmp": pathlib.Path(tmp), "log_dir": log_dir, "timeout_s": timeout_s,
+                  "env": {}, "random_gaps": True}
+        alone = _run_probes(c, ["gapped_solo"], megabytes, seconds, MIN_RUN_S / 2,
+                            **kwargs)["gapped_solo"]
+        burdened = _run_probes(c, ["gapped_busy_core"], megabytes, seconds, MIN_RUN_S / 2,
+                               busy_core=True, **kwargs)["gapped_busy_core"]
+        # Both jobs time the same stretch: each sizes its count alone, so twice the seconds.
+        shared = _run_probes(c, ["gapped_a", "gapped_b"], megabytes, 2 * seconds,
+                             MIN_RUN_S / 2, **kwargs)
+    fitted = fit_contention(_median_span_s(alone), _median_span_s(burdened),
+                            {name: probe["spans_s"] for name, probe in shared.items()})
+    return dataclasses.replace(fitted, bandwidth_mbit=bandwidth_mbit,
+                               probe={**fitted.probe, "megabytes": alone["megabytes"]})
+
+
+def _median_span_s(probe: Mapping[str, Any]) -> float:
+    return statistics.median(end - start for start, end in probe["spans_s"])
+
+
+if __name__ == "__main__":  # one probe rank (launched by _run_probes)
     worker(float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4],
-           sys.argv[5] if len(sys.argv) > 5 else None)
+           sys.argv[5] or None, random_gaps=sys.argv[6] == "1", busy_core=sys.argv[7] == "1")

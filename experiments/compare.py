@@ -55,7 +55,8 @@ FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", 
               "jit_compile", "bandwidth_mbit", "latency_ms", "num_hosts", "out_dir",
               "timeout_s", "force_localhost", "scenarios", "comm_to_compute", "trials",
               "sweep_comm_to_compute", "calibration_mbit", "calibration_timed_steps", "jobs",
-              "secondary_micro_batches", "comm_cpu_probe", "horovod_timelines", "scenario_env"]
+              "secondary_micro_batches", "comm_cpu_probe", "contention_probe_seconds",
+              "horovod_timelines", "scenario_env"]
 SCENARIOS = ("sequential", *scenarios.CONCURRENT)  # the order trials rotate
 MAX_TRIALS = 20
 MAX_SWEEP_POINTS = 8
@@ -93,8 +94,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "(e.g. HOROVOD_CYCLE_TIME=5): a runtime setting measured side by side with naive "
            "and crossover.")
     define(flags.DEFINE_boolean, "comm_cpu_probe", True,
-           "Measure what an allreduce costs the shared CPU core (about 30 s, comm_cpu.py) "
-           "for the planner's prediction.")
+           "Measure what an allreduce costs the shared CPU core and what the link loses "
+           "to allreduces overlapping at random (about 2 minutes, comm_cpu.py) for the "
+           "planner's prediction.")
+    define(flags.DEFINE_float, "contention_probe_seconds", 20.0,
+           "How long the link contention probe times one job alone (two jobs: twice that).")
     define(flags.DEFINE_float, "comm_to_compute", 1.0,
            "Asked-for M/C (allreduce over device time per step); the link bandwidth is "
            "calibrated to give it unless --bandwidth_mbit is set.")
@@ -141,6 +145,8 @@ def validate(c: Any) -> None:
     config_lib.require(c.global_batch_size % c.num_hosts == 0,
                        "global_batch_size must be divisible by num_hosts")
     config_lib.require(c.steps - c.warmup_steps >= 10, "need at least 10 timed steps")
+    config_lib.require(c.contention_probe_seconds >= 2.0,
+                       "contention_probe_seconds must be >= 2 (the probe's shortest run)")
     unknown = sorted(set(c.scenarios) - set(SCENARIOS))
     config_lib.require(not unknown, f"unknown scenarios {unknown}; choose from {SCENARIOS}")
     config_lib.require("sequential" in c.scenarios,
@@ -340,12 +346,12 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
         return run_sweep(c, out, sweep_ratios(c))
     if c.bandwidth_mbit is not None:
         regime = {"comm_to_compute_asked": None, "bandwidth_source": "fixed", "calibration": None,
-                  "comm_cpu": measure_comm_cpu(c, out, c.bandwidth_mbit, None)}
+                  **measure_comm_costs(c, out, c.bandwidth_mbit, None)}
         return compare_at(c, out, c.bandwidth_mbit, regime)
     bandwidths, record = calibrate(c, out, [c.comm_to_compute])
     bandwidth = bandwidths[c.comm_to_compute]
     regime = {"comm_to_compute_asked": c.comm_to_compute, "bandwidth_source": "calibrated",
-              "calibration": record, "comm_cpu": measure_comm_cpu(c, out, bandwidth, record)}
+              "calibration": record, **measure_comm_costs(c, out, bandwidth, record)}
     return compare_at(c, out, bandwidth, regime)
 
 
@@ -353,13 +359,14 @@ def run_sweep(c: Any, out: pathlib.Path, ratios: Sequence[float]) -> dict[str, A
     """One calibration (every ratio checked reachable before any comparison), then the
     comparison at each ratio in <out>/ratio_<r>; writes sweep.{json,md,png}."""
     bandwidths, record = calibrate(c, out, ratios)
-    # One probe at the middle bandwidth: its coefficients are per second and per MB.
+    # One probe at the middle bandwidth: the CPU cost is per second and per MB, the link
+    # contention a ratio of times.
     middle = sorted(bandwidths.values())[len(bandwidths) // 2]
-    cpu_cost = measure_comm_cpu(c, out, middle, record)
+    costs = measure_comm_costs(c, out, middle, record)
     rows = []
     for ratio in ratios:
         regime = {"comm_to_compute_asked": ratio, "bandwidth_source": "calibrated",
-                  "calibration": record, "comm_cpu": cpu_cost}
+                  "calibration": record, **costs}
         result = compare_at(c, out / f"ratio_{ratio:g}", bandwidths[ratio], regime)
         rows.append(sweep.row(result))
     summary = {"calibration": record, "rows": rows}
@@ -396,25 +403,33 @@ def _attach_planner_validation(result: dict[str, Any],
         logging.warning("planner validation skipped: %s", err)
 
 
-def measure_comm_cpu(c: Any, out: pathlib.Path, bandwidth: float | None,
-                     calibration: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What an allreduce costs the shared core (comm_cpu.py), at the comparison's bandwidth
-    and, when the link was calibrated, the job's own allreduce size; None when switched off or
-    the link is not shaped (nothing comparable to measure)."""
+def measure_comm_costs(c: Any, out: pathlib.Path, bandwidth: float | None,
+                       calibration: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The regime's ``comm_cpu`` (what an allreduce costs the shared core) and
+    ``link_contention`` (what the link loses to allreduces overlapping at random, and an
+    allreduce to a busy core), both from comm_cpu.py at the comparison's bandwidth and, when
+    the link was calibrated, the job's own allreduce size; None each when switched off or the
+    link is not shaped (nothing comparable to measure: the planner assumes no cost)."""
     if not c.comm_cpu_probe or bandwidth is None or c.force_localhost:
-        return None
+        return {"comm_cpu": None, "link_contention": None}
     from experiments import comm_cpu
     fit = (calibration or {}).get("fit")
     megabytes = fit["per_mbit_s"] / 8 if fit else comm_cpu.DEFAULT_MB
     try:
         measured = comm_cpu.measure(bandwidth, megabytes=megabytes, num_hosts=c.num_hosts,
                                     log_dir=str(out / "logs" / "comm_cpu"))
+        contention = comm_cpu.measure_contention(bandwidth, megabytes=megabytes,
+                                                 seconds=c.contention_probe_seconds,
+                                                 num_hosts=c.num_hosts,
+                                                 log_dir=str(out / "logs" / "contention"))
     except comm_cpu.NotShaped as err:
-        logging.warning("comm CPU cost not measured (the planner assumes 0): %s", err)
-        return None
-    logging.info("comm CPU: %.3f CPU s per s waiting, %.2f CPU ms per MB",
-                 measured.cpu_per_wait_s, 1e3 * measured.cpu_s_per_mb)
-    return measured.to_dict()
+        logging.warning("comm costs not measured (the planner assumes none): %s", err)
+        return {"comm_cpu": None, "link_contention": None}
+    logging.info("comm CPU: %.3f CPU s per s waiting, %.2f CPU ms per MB; link contention: "
+                 "shared efficiency %.3f, compute slowdown %.3f", measured.cpu_per_wait_s,
+                 1e3 * measured.cpu_s_per_mb, contention.shared_efficiency,
+                 contention.compute_slowdown)
+    return {"comm_cpu": measured.to_dict(), "link_contention": contention.to_dict()}
 
 
 main = config_lib.script_main(run)

@@ -14,7 +14,10 @@ Modes (``--mode``):
 * ``calibrate``: about a minute on the emulated cluster (root) measuring what an allreduce
   costs the CPU core it shares with another job's compute (experiments/comm_cpu.py);
 * ``link_sharing``: about two minutes on the emulated cluster (root): two jobs' allreduces
-  at once against one job's alone, i.e. whether the link shares evenly (comm_cpu.py).
+  at once against one job's alone, i.e. whether the link shares evenly (comm_cpu.py);
+* ``contention``: about a minute and a half on the emulated cluster (root): the link's
+  efficiency when two jobs' allreduces overlap at random, and an allreduce's slowdown beside a
+  busy core (the planner's LinkContention, comm_cpu.measure_contention).
 
 ``--device_model`` says how jobs share a device without a scheduler (device_models.py):
 ``gpu`` (time-sliced contexts, random phases) for recommend and pair, ``cpu`` (one
@@ -35,7 +38,8 @@ from crossover_tf_planner import analytical, cluster_sim, pairing, profile, swee
 from crossover_tf_planner.device_models import DEVICE_MODELS
 from experiments import config as config_lib
 
-MODES = ("recommend", "pair", "simulate", "sweep", "validate", "calibrate", "link_sharing")
+MODES = ("recommend", "pair", "simulate", "sweep", "validate", "calibrate", "link_sharing",
+         "contention")
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -65,10 +69,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_string, "comm_cpu", None,
            "validate: a calibrate.json whose allreduce CPU cost the cpu model charges.")
     define(flags.DEFINE_float, "calibrate_mbit", 20.0,
-           "calibrate, link_sharing: link bandwidth (Mbit/s).")
-    define(flags.DEFINE_float, "calibrate_mb", 4.0, "calibrate, link_sharing: MB per allreduce.")
+           "calibrate, link_sharing, contention: link bandwidth (Mbit/s).")
+    define(flags.DEFINE_float, "calibrate_mb", 4.0,
+           "calibrate, link_sharing, contention: MB per allreduce.")
     define(flags.DEFINE_float, "calibrate_seconds", 10.0,
-           "calibrate, link_sharing: timed allreduces of one job alone (s).")
+           "calibrate, link_sharing, contention: timed allreduces of one job alone (s).")
     define(flags.DEFINE_float, "calibrate_cycle_time_ms", None,
            "calibrate: HOROVOD_CYCLE_TIME for the probe (default: Horovod's, 1 ms).")
 
@@ -173,9 +178,28 @@ def _link_sharing(s: Mapping[str, Any]) -> tuple[dict, str]:
     return measured, text
 
 
+def _contention(s: Mapping[str, Any]) -> tuple[dict, str]:
+    from experiments import comm_cpu
+    measured = comm_cpu.measure_contention(
+        s["calibrate_mbit"], megabytes=s["calibrate_mb"], seconds=s["calibrate_seconds"],
+        log_dir=os.path.join(s["out_dir"], "contention_logs"))
+    return measured.to_dict(), contention_text(measured.to_dict())
+
+
+def contention_text(measured: Mapping[str, Any]) -> str:
+    """One sentence on a LinkContention record (plan.py's and compare.md's)."""
+    probe = measured["probe"]
+    return (f"Link contention at {measured['bandwidth_mbit']:.4g} Mbit/s, allreduces of "
+            f"{probe['megabytes']:.2f} MB: two jobs overlapping at random moved "
+            f"{measured['shared_efficiency']:.3f}x what the link moves for one "
+            f"({sum(probe['allreduces'].values())} allreduces in {probe['window_s']:.0f} s); "
+            f"beside a busy core an allreduce took {1e3 * probe['burdened_s']:.0f} ms against "
+            f"{1e3 * probe['solo_s']:.0f} ms ({measured['compute_slowdown']:.3f}x).")
+
+
 _HANDLERS = {"recommend": _recommend, "pair": _pair, "simulate": _simulate,
              "sweep": _sweep, "validate": _validate, "calibrate": _calibrate,
-             "link_sharing": _link_sharing}
+             "link_sharing": _link_sharing, "contention": _contention}
 
 
 def run(flag_values: Any = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -64,6 +64,12 @@ def _regime_lines(result: Mapping[str, Any]) -> list[str]:
              f"| M/C asked for | {'—' if asked is None else f'{asked:g}'} |",
              f"| M/C achieved (solo runs) | {with_spread(regime['achieved_comm_to_compute'])} |",
              f"| bandwidth (Mbit/s, {source}) | {regime['bandwidth_mbit']:.4g} |"]
+    contention = regime.get("link_contention")
+    if contention:
+        lines += [f"| link's shared efficiency (allreduces overlapping at random) | "
+                  f"{contention['shared_efficiency']:.3f} |",
+                  f"| allreduce slowdown beside a busy core | "
+                  f"{contention['compute_slowdown']:.3f} |"]
     return lines
 
 

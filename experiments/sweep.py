@@ -12,7 +12,8 @@ from experiments import report, trials
 
 # compare.json ratio key -> the planner report's key for the same ratio.
 RATIOS = {"crossover_over_naive": "crossover/naive",
-          "crossover_over_sequential": "crossover/sequential"}
+          "crossover_over_sequential": "crossover/sequential",
+          "crossover_turn_over_naive": "crossover_turn/naive"}  # the last when it ran
 MODELS = ("analytical", "simulated")
 
 
@@ -20,7 +21,8 @@ def _predicted(result: Mapping[str, Any], planner_key: str, model: str) -> float
     """The planner's prediction of one ratio, median over trials (None without a planner)."""
     values = [t["planner"]["aggregate_images_ratios"][planner_key][model]
               for t in result.get("per_trial", [result])
-              if planner_key in t.get("planner", {}).get("aggregate_images_ratios", {})]
+              if model in t.get("planner", {}).get("aggregate_images_ratios", {}).get(
+                  planner_key, {})]
     return statistics.median(values) if values else None
 
 
@@ -35,7 +37,7 @@ def row(result: Mapping[str, Any]) -> dict[str, Any]:
             "bandwidth_mbit": regime["bandwidth_mbit"], "trials": result.get("trials", 1),
             **{key: {"measured": spreads[key],
                      **{model: _predicted(result, planner_key, model) for model in MODELS}}
-               for key, planner_key in RATIOS.items()},
+               for key, planner_key in RATIOS.items() if key in spreads},
             "recommendation": trials.verdict(result)}
 
 
@@ -43,18 +45,26 @@ def _prediction(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
+def _ratios_shown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [key for key in RATIOS if any(key in r for r in rows)]
+
+
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """One line per M/C point: measured median [min–max], predicted (the cpu model /
     the gpu-like simulator), and the planner's recommendation against the measured winner."""
-    lines = ["| M/C asked | M/C measured | Mbit/s | crossover/naive measured | predicted "
-             "(cpu model / gpu-like sim) | crossover/sequential measured | predicted "
-             "(cpu model / gpu-like sim) | recommended | measured winner |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    shown = _ratios_shown(rows)
+    lines = ["| M/C asked | M/C measured | Mbit/s | " + " | ".join(
+                f"{RATIOS[key]} measured | predicted (cpu model / gpu-like sim)" for key in shown)
+             + " | recommended | measured winner |",
+             "|---:|---:|---:|" + "---:|---:|" * len(shown) + "---|---|"]
     for r in rows:
         asked = r["comm_to_compute_asked"]  # None: a fixed link's comparison, tabulated beside
         cells = ["—" if asked is None else f"{asked:g}", report.with_spread(
             r["achieved_comm_to_compute"], 2), f"{r['bandwidth_mbit']:.4g}"]
-        for key in RATIOS:
+        for key in shown:
+            if key not in r:
+                cells += ["—", "—"]
+                continue
             cells += [report.with_spread(r[key]["measured"]),
                       " / ".join(_prediction(r[key][m]) for m in MODELS)]
         cells += [*trials.verdict_cells(r.get("recommendation", {}))]
@@ -69,10 +79,13 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(RATIOS), figsize=(12, 4.5))
-    x = [r["achieved_comm_to_compute"]["median"] for r in rows]
-    for ax, (key, label) in zip(axes, RATIOS.items()):
-        measured = [r[key]["measured"] for r in rows]
+    shown = _ratios_shown(rows)
+    fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], shown):
+        label = RATIOS[key]
+        present = [r for r in rows if key in r]
+        x = [r["achieved_comm_to_compute"]["median"] for r in present]
+        measured = [r[key]["measured"] for r in present]
         medians = [m["median"] for m in measured]
         ax.errorbar(x, medians, yerr=[[m["median"] - m["min"] for m in measured],
                                       [m["max"] - m["median"] for m in measured]],
@@ -80,7 +93,8 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
         for xi, m in zip(x, measured):
             ax.plot([xi] * len(m["values"]), m["values"], "k.", alpha=0.5)
         for model, marker in zip(MODELS, ("s--", "^:")):
-            points = [(xi, r[key][model]) for xi, r in zip(x, rows) if r[key][model] is not None]
+            points = [(xi, r[key][model]) for xi, r in zip(x, present)
+                      if r[key][model] is not None]
             if points:
                 ax.plot(*zip(*points), marker, label=f"predicted ({model})")
         ax.axhline(1.0, color="gray", linewidth=0.8)

@@ -65,23 +65,31 @@ def combine(per_trial: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def verdict(result: Mapping[str, Any]) -> dict[str, Any]:
     """The planner's recommendation (the most frequent over trials) against the measured
     winner: validate.measured_winner on the median naive/sequential and the median
-    crossover/naive, the ratio the tables show (a ratio of two medians can disagree with the
-    median of the per-trial ratio when trials are noisy). Each trial's own winner is counted
-    beside it, so a winner that only some trials agree on reads as the noise it is."""
+    crossover/naive (and crossover_turn/naive when it ran), the ratios the tables show (a
+    ratio of two medians can disagree with the median of the per-trial ratio when trials are
+    noisy). Each trial's own winner is counted beside it, so a winner that only some trials
+    agree on reads as the noise it is."""
     per_trial = result.get("per_trial") or [result]
     predicted = collections.Counter(
         t["planner"]["recommendation"]["predicted"] for t in per_trial
         if "recommendation" in t.get("planner", {}))
-    ratios = result["ratios"]
-    naive = ratios["naive_over_sequential"]
-    winner = measured_winner({"naive": naive,
-                              "crossover": naive * ratios["crossover_over_naive"]})
+    winner = measured_winner(_over_sequential(result["ratios"], "over_naive"))
     trial_winners = collections.Counter(
-        measured_winner({"naive": t["ratios"]["naive_over_sequential"],
-                         "crossover": t["ratios"]["crossover_over_sequential"]})
+        measured_winner(_over_sequential(t["ratios"], "over_sequential"))
         for t in per_trial if "crossover_over_sequential" in t.get("ratios", {}))
     return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
             "measured_winner": winner, "trial_winners": dict(trial_winners.most_common())}
+
+
+def _over_sequential(ratios: Mapping[str, float], crossed_ratio: str) -> dict[str, float]:
+    """Naive and each crossover scenario run (plain, and with link turns when it ran) over
+    sequential, from the crossovers' ratios `crossed_ratio` ("over_naive": times the
+    naive/sequential ratio; "over_sequential": as they are)."""
+    naive = ratios["naive_over_sequential"]
+    scale = naive if crossed_ratio == "over_naive" else 1.0
+    return {"naive": naive, **{name: scale * ratios[f"{name}_{crossed_ratio}"]
+                               for name in ("crossover", "crossover_turn")
+                               if f"{name}_{crossed_ratio}" in ratios}}
 
 
 def verdict_cells(chosen: Mapping[str, Any]) -> tuple[str, str]:

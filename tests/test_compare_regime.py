@@ -12,7 +12,7 @@ import pytest
 from crossover_tf_planner import validate as planner_validate
 from crossover_tf_planner.job_stats import JobStats
 from experiments import calibration, compare, report, scenarios, sweep, trials
-from crossover_tf_planner.comm_cost import CommCpu
+from crossover_tf_planner.comm_cost import CommCpu, LinkContention
 from experiments.calibration import CalibrationPoint, CommFit
 
 MS = 1e-3
@@ -213,6 +213,7 @@ def test_sweep_rows_pair_measured_spread_with_predictions(tmp_path):
     ({"force_localhost": True}, "calibration needs shaped links"),
     ({"calibration_mbit": 1.0}, "calibration_mbit must be in"),
     ({"calibration_timed_steps": 2}, "calibration_timed_steps must be >= 5"),
+    ({"contention_probe_seconds": 1.0}, "contention_probe_seconds must be >= 2"),
 ])
 def test_compare_rejects_bad_regime_settings_clearly(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -255,10 +256,16 @@ def fake_runs(monkeypatch):
         calls.append(f"comm_cpu@{bandwidth:.4g}mbit:{megabytes:.4g}MB")
         return CommCpu(cpu_per_wait_s=0.05, cpu_s_per_mb=0.004, bandwidth_mbit=bandwidth)
 
+    def measure_contention(bandwidth, megabytes, seconds, num_hosts, log_dir):
+        calls.append(f"contention@{bandwidth:.4g}mbit:{megabytes:.4g}MB")
+        return LinkContention(shared_efficiency=0.85, compute_slowdown=1.05,
+                              bandwidth_mbit=bandwidth)
+
     from experiments import comm_cpu
     monkeypatch.setattr(compare, "_cluster", lambda c, bandwidth: _FakeCluster(bandwidth))
     monkeypatch.setattr(compare.scenarios, "run_scenario", run_scenario)
     monkeypatch.setattr(comm_cpu, "measure", measure)
+    monkeypatch.setattr(comm_cpu, "measure_contention", measure_contention)
     return calls
 
 
@@ -267,8 +274,9 @@ def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, 
                                     "out_dir": str(tmp_path)})
     # Calibration at 100 Mbit/s (M = 70 ms), then at the guess 100 * .07 / (2 * .1) = 35;
     # the comm CPU probe at the chosen 27.8 Mbit/s with the fit's 5 Mbit = 0.625 MB.
-    assert fake_runs[:3] == ["100mbit", "35mbit", "comm_cpu@27.78mbit:0.625MB"]
-    assert fake_runs[3:] == ["t0_sequential", "t0_naive", "t0_crossover",
+    assert fake_runs[:4] == ["100mbit", "35mbit", "comm_cpu@27.78mbit:0.625MB",
+                             "contention@27.78mbit:0.625MB"]
+    assert fake_runs[4:] == ["t0_sequential", "t0_naive", "t0_crossover",
                              "t1_naive", "t1_crossover", "t1_sequential",
                              "t2_crossover", "t2_sequential", "t2_naive"]
     saved = json.loads((tmp_path / "compare.json").read_text())
@@ -287,7 +295,11 @@ def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, 
     # The planner charged it: 0.05 CPU s per s of M = 200 ms plus 0.004 per 0.625 MB.
     assert saved["planner"]["profiles"][0]["comm_cpu_s"] == pytest.approx(
         0.05 * 0.2 + 0.004 * 0.625)
+    # ... and the link contention measured beside it.
+    assert regime["link_contention"]["shared_efficiency"] == 0.85
+    assert saved["planner"]["link_contention"]["compute_slowdown"] == 1.05
     markdown = (tmp_path / "compare.md").read_text()
+    assert "| link's shared efficiency (allreduces overlapping at random) | 0.850 |" in markdown
     assert "1.400 [1.200–1.600]" in markdown
     assert re.search(r"Over all 3 trials: recommended \*\*\w+\*\*; measured winner from the "
                      r"medians: \*\*\w+ \(\d of 3 trials", markdown)
@@ -304,7 +316,7 @@ def test_noisy_calibration_adds_a_slower_point(fake_runs, monkeypatch, tmp_path)
     assert [p["bandwidth_mbit"] for p in calibrated["points"]] == [100, 50, 25]
     assert calibrated["fit"]["per_mbit_s"] > 0
     assert 25 < result["regime"]["bandwidth_mbit"] < 100
-    assert fake_runs[4:] == ["t0_sequential", "t0_naive", "t0_crossover"]
+    assert fake_runs[5:] == ["t0_sequential", "t0_naive", "t0_crossover"]
 
 
 def test_calibration_gives_up_after_max_points(fake_runs, monkeypatch, tmp_path):
@@ -327,7 +339,8 @@ def test_unreachable_ratio_fails_after_calibration_with_its_numbers(fake_runs, t
 
 def test_fixed_bandwidth_skips_calibration(fake_runs, tmp_path):
     saved = compare.run(overrides={"bandwidth_mbit": 50.0, "out_dir": str(tmp_path)})
-    assert fake_runs == ["comm_cpu@50mbit:4MB", "t0_sequential", "t0_naive", "t0_crossover"]
+    assert fake_runs == ["comm_cpu@50mbit:4MB", "contention@50mbit:4MB", "t0_sequential",
+                         "t0_naive", "t0_crossover"]
     assert saved["regime"]["bandwidth_source"] == "fixed"
     assert saved["regime"]["comm_to_compute_asked"] is None
     assert saved["regime"]["achieved_comm_to_compute"]["median"] == pytest.approx(
@@ -338,8 +351,9 @@ def test_sweep_calibrates_once_and_writes_one_table_and_plot(fake_runs, tmp_path
     summary = compare.run(overrides={"sweep_comm_to_compute": ["0.5", "2"], "trials": 2,
                                      "out_dir": str(tmp_path)})
     assert [n for n in fake_runs if n.endswith("mbit")] == ["100mbit", "50mbit"]
-    assert len([n for n in fake_runs if n.startswith("comm_cpu")]) == 1  # one probe per sweep
-    assert len(fake_runs) == 2 + 1 + 2 * 2 * 3
+    # One probe of each per sweep.
+    assert len([n for n in fake_runs if n.startswith(("comm_cpu", "contention"))]) == 2
+    assert len(fake_runs) == 2 + 2 + 2 * 2 * 3
     achieved = [r["achieved_comm_to_compute"]["median"] for r in summary["rows"]]
     assert achieved == pytest.approx([0.5, 2.0])
     for ratio in ("0.5", "2"):

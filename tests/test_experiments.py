@@ -133,7 +133,8 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
         "warmup_steps": 10, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path),
         "timeout_s": 300.0,
         "scenarios": ["sequential", "naive", "crossover", "crossover_turn", "priority"],
-        "secondary_micro_batches": 2, "horovod_timelines": True})
+        "secondary_micro_batches": 2, "horovod_timelines": True,
+        "contention_probe_seconds": 3.0})
     for name in ("compare.json", "compare.md", "compare.png", "attribution.md",
                  "attribution_turn.md"):
         assert (tmp_path / name).stat().st_size > 0, name
@@ -161,6 +162,8 @@ def test_compare_end_to_end_on_the_tiniest_model(tmp_path):
     assert attribution["round_ms"] > 0 and attribution["hand-offs_per_round"] > 0
     if saved["settings"]["cluster"]["emulated"]:  # root: shaped links, the probe ran
         assert saved["regime"]["comm_cpu"]["cpu_per_wait_s"] >= 0
+        assert saved["regime"]["link_contention"]["shared_efficiency"] > 0
+        assert saved["planner"]["link_contention"] == saved["regime"]["link_contention"]
         assert set(attribution["horovod"]["A"]) == {"sequential", "crossover"}
         assert attribution["horovod"]["A"]["crossover"]["transfer_ms"] > 0
     # Every rank saved its record, so each allreduce splits into waiting for the other host's

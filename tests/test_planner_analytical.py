@@ -18,7 +18,7 @@ def test_equal_compute_and_comm_crossover_is_twice_sequential():
     p = analytical.predict_pair(job("A", 0.05, 0.05), job("B", 0.05, 0.05))
     assert p.normalised["sequential"] == pytest.approx(1.0)
     assert p.normalised["crossover"] == pytest.approx(2.0, rel=1e-3)
-    assert p.normalised["crossover_alternating"] == pytest.approx(2.0)
+    assert p.normalised["crossover_turn"] == pytest.approx(2.0)
     assert p.normalised["naive"] < 1.9  # a random phase wastes part of the overlap
     assert p.recommendation == "cross" and p.expected_gain == pytest.approx(2.0, rel=1e-3)
 

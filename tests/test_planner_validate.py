@@ -146,3 +146,26 @@ def test_measured_winner_is_the_aggregate_rule_the_tables_show():
     report = validate.validate_comparison(data, sim_steps=30)
     assert report["recommendation"]["measured_winner"] is None
     assert "measured winner: **— (no sequential run)**" in validate.to_markdown(report)
+
+
+def test_crossing_with_link_turns_is_predicted_and_checked_where_it_ran():
+    """Jobs at M/C 1 whose link moves 0.6 of itself when their allreduces overlap at random:
+    naive co-location needs 0.125 / 0.6 s per round, link turns about B's own step (0.15 s).
+    The planner recommends crossing with turns where the comparison ran it, and judges only
+    plain crossing where it did not."""
+    data = comparison({"sequential": 1.0, "naive": 1.3, "crossover": 1.35,
+                       "crossover_turn": 1.7})
+    data["regime"] = {"link_contention": {"shared_efficiency": 0.6, "compute_slowdown": 1.0}}
+    report = validate.validate_comparison(data, sim_steps=30)
+    row = report["normalised_ratios"]["crossover_turn/naive"]
+    assert row["measured"] == pytest.approx(1.7 / 1.3)
+    assert row["analytical"] == pytest.approx((0.125 / 0.6) / 0.1502, rel=1e-3)
+    assert "simulated" not in row  # the gpu-like simulator has no link turns
+    assert report["recommendation"] == {"predicted": "cross", "measured_winner": "cross"}
+    assert report["prediction"]["policy"] == "crossover_turn"
+    assert report["link_contention"]["shared_efficiency"] == 0.6
+    assert "| normalised | crossover_turn/naive | 1.308 |" in validate.to_markdown(report)
+    del data["scenarios"]["crossover_turn"]
+    report = validate.validate_comparison(data, sim_steps=30)
+    assert report["recommendation"]["predicted"] == "naive"  # plain crossing shares the link
+    assert "crossover_turn/naive" not in report["normalised_ratios"]
