@@ -22,13 +22,15 @@ full solo speed on one set of devices).
   work-conserving: a job whose allreduce ends while the other job is still
   communicating takes the device again, so the faster job may do more steps.
 Those are the ``gpu`` device model's policies (device_models.py). On the ``cpu`` model (one
-time-sliced core per host) naive co-location is work-conserving: a round of one step per job
-takes ``max(U_A + U_B, M_A + M_B, T_A, T_B)`` with U the CPU seconds a step uses
-(``cpu_demand_s``) and T the solo step; a shift cannot improve on that. Crossover serialises
-the device holds instead, and each hold also carries the CPU the other job's allreduce takes
-meanwhile (X, ``comm_cpu_s``): ``max(D_A + D_B + 2h + X_A + X_B, U_A + U_B, M_A + M_B,
-D_A + h + M_A + O_A, D_B + h + M_B + O_B)``. A hold longer than the CPU it uses (a step that
-waits inside it) is what makes naive win on a CPU.
+time-sliced core per host) naive co-location keeps the core busy: a round of one step per job
+takes ``max(U_A + U_B, (M_A + M_B) / eta, T_A, T_B)`` with U the CPU seconds a step uses
+(``cpu_demand_s``), eta the link's shared efficiency (below) and T the solo step; a shift
+cannot improve on that. Crossover serialises the device holds instead, and each hold also
+carries the CPU the other job's allreduce takes meanwhile (X, ``comm_cpu_s``):
+``max(D_A + D_B + 2h + X_A + X_B, U_A + U_B, (M_A + M_B) / eta, D_A + h + M_A + O_A,
+D_B + h + M_B + O_B)``; with link turns the same with eta = 1. A hold longer than the CPU it
+uses (a step that waits inside it) is what makes naive win on a CPU where the core bounds the
+round; the link's contention is what makes crossing with turns win where the link does.
 
 * crossover_turn: crossover with link turns (CrossoverStrategy(link_turn=...)): strict A, B
   alternation with the allreduces also taking turns on the link, one step per job per

@@ -5,12 +5,18 @@ Whether crossing pays depends on what naive co-location gets, and that depends o
 * ``cpu``: the emulated cluster of experiments/ (and any CPU training). Each host is one
   time-sliced core; Linux's scheduler runs whichever job has work, in slices of a few ms, far
   shorter than a step. Measured on that cluster, naive co-location reaches nearly the ideal
-  overlap (naive/sequential 1.81 against an ideal 1.85 at M/C 0.85, README), so naive is
-  modelled *work-conserving*: the core and the links are never idle while a job has work for
-  them. A job's allreduce is not free for the core either: Gloo's reduction, the TCP stack,
-  Horovod's background thread and TensorFlow's executor take ``comm_cpu_s`` CPU seconds per
-  step from the core the other job computes on (measured by ``plan.py --mode=calibrate``).
-  Under this model crossing can at best match naive: the lease only adds hand-offs.
+  overlap where the core bounds the round (naive/sequential 1.81 against an ideal 1.85 at M/C
+  0.85, README), so naive is modelled *work-conserving* on the core: it is never idle while a
+  job has work for it. A job's allreduce is not free for the core either: Gloo's reduction,
+  the TCP stack, Horovod's background thread and TensorFlow's executor take ``comm_cpu_s`` CPU
+  seconds per step from the core the other job computes on (``plan.py --mode=calibrate``).
+  The core is not the only shared thing: the link is, and allreduces that nothing keeps apart
+  overlap at random and move less than one at a time (``LinkContention.shared_efficiency``,
+  measured by ``plan.py --mode=contention`` and by every comparison: 0.84-0.89 on the
+  emulated cluster). Where the link bounds a round (M > C), that caps naive co-location and
+  plain crossing alike; link turns run one allreduce at a time and escape it, which is where
+  crossing wins on a CPU. An allreduce also runs slower while its core computes
+  (``compute_slowdown``), for every policy.
 * ``gpu``: processes without MPS get separate contexts; only MPS "allows kernel and memcopy
   operations from different processes to overlap", and without it the processes' "scheduling
   resources must be swapped on and off the GPU" (NVIDIA, Multi-Process Service, introduction,
@@ -19,7 +25,8 @@ Whether crossing pays depends on what naive co-location gets, and that depends o
   anti-phase, so naive co-location is the fluid processor-sharing model of fluid.py averaged
   over random start offsets, with ``device_efficiency`` (1.0: free switching) the share of the
   device two contexts get together; the allreduce runs on the NIC and the host CPU, not on the
-  device (``comm_on_device`` False). Its parameters are not measured here: no GPU is available
+  device (``comm_on_device`` False). The link's measured contention applies as on a CPU (it is
+  the network's, not the device's). Its parameters are not measured here: no GPU is available
   to this project's CI, so the GPU check script (scripts/gpu_check.sh) is where to measure them.
 """
 from __future__ import annotations

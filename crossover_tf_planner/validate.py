@@ -156,9 +156,11 @@ def _ratio_table(predicted: Mapping[str, Mapping[str, float]], measured: Mapping
 
 def validate_comparison(data_or_path: str | os.PathLike | Mapping[str, Any], *,
                         sim_steps: int = 120, seed: int = 0, model: str = "cpu",
-                        comm_cpu: CommCpu | Mapping[str, Any] | None = None) -> dict[str, Any]:
+                        comm_cpu: CommCpu | Mapping[str, Any] | None = None,
+                        contention: LinkContention | None = None) -> dict[str, Any]:
     """Predicted vs measured ratios (analytical on device `model`, and the 2-host simulator)
-    with % errors, and the recommendation against the measured winner (`measured_winner`)."""
+    with % errors, and the recommendation against the measured winner (`measured_winner`);
+    `comm_cpu` and `contention` replace the comparison's own measurements when given."""
     data = load_comparison(data_or_path)
     profiles = profiles_from_comparison(data, comm_cpu)
     measured = measured_normalised(data, profiles)
@@ -168,7 +170,8 @@ def validate_comparison(data_or_path: str | os.PathLike | Mapping[str, Any], *,
     if len(profiles) != 2:
         return _validate_fifo(profiles, measured, measured_agg)
     a, b = profiles
-    contention = LinkContention.from_dict((data.get("regime") or {}).get("link_contention"))
+    if contention is None:
+        contention = LinkContention.from_dict((data.get("regime") or {}).get("link_contention"))
     prediction = predict_pair(a, b, model=model, contention=contention)
     simulated = {policy: simulate([SimJob(a, (0, 1), policy), SimJob(b, (0, 1), policy)],
                                   n_hosts=2, steps=sim_steps, seed=seed)

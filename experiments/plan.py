@@ -21,7 +21,8 @@ Modes (``--mode``):
 
 ``--device_model`` says how jobs share a device without a scheduler (device_models.py):
 ``gpu`` (time-sliced contexts, random phases) for recommend and pair, ``cpu`` (one
-time-sliced core: naive co-location is work-conserving) for comparisons on the emulated cluster.
+time-sliced core: naive co-location keeps it busy) for comparisons on the emulated cluster.
+Both charge the link contention a comparison measured (its regime's ``link_contention``).
 
 Everything lands in ``--out_dir`` as ``<mode>.json`` and ``<mode>.md``.
 """
@@ -35,6 +36,7 @@ from typing import Any, Mapping
 from absl import app, flags
 
 from crossover_tf_planner import analytical, cluster_sim, pairing, profile, sweep, validate
+from crossover_tf_planner.comm_cost import NO_CONTENTION, LinkContention
 from crossover_tf_planner.device_models import DEVICE_MODELS
 from experiments import config as config_lib
 
@@ -68,6 +70,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            enum_values=sorted(DEVICE_MODELS))
     define(flags.DEFINE_string, "comm_cpu", None,
            "validate: a calibrate.json whose allreduce CPU cost the cpu model charges.")
+    define(flags.DEFINE_string, "link_contention", None,
+           "recommend, pair, validate: a contention.json (--mode=contention on the cluster "
+           "the jobs share) whose link contention the models charge; validate: instead of "
+           "the comparison's own. Default: recommend and pair assume a lossless link.")
     define(flags.DEFINE_float, "calibrate_mbit", 20.0,
            "calibrate, link_sharing, contention: link bandwidth (Mbit/s).")
     define(flags.DEFINE_float, "calibrate_mb", 4.0,
@@ -80,7 +86,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 FLAG_NAMES = ["mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
               "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
-              "threshold", "handoff_s", "device_model", "comm_cpu", "calibrate_mbit",
+              "threshold", "handoff_s", "device_model", "comm_cpu", "link_contention",
+              "calibrate_mbit",
               "calibrate_mb", "calibrate_seconds", "calibrate_cycle_time_ms"]
 
 
@@ -101,17 +108,28 @@ def _profiles(settings: Mapping[str, Any], at_least: int) -> list[profile.JobPro
     return profile.load_profiles(paths)
 
 
+def _contention(s: Mapping[str, Any]) -> LinkContention | None:
+    """--link_contention's record, or None when not given."""
+    if not s["link_contention"]:
+        return None
+    with open(s["link_contention"], encoding="utf-8") as handle:
+        return LinkContention.from_dict(json.load(handle))
+
+
 def _recommend(s: Mapping[str, Any]) -> tuple[dict, str]:
     profiles = _profiles(s, 2)
     if len(profiles) != 2:
         raise ValueError("recommend takes exactly two --profiles (use --mode=pair for more)")
     prediction = analytical.predict_pair(*profiles, min_gain=s["min_gain"],
                                          device_efficiency=s["device_efficiency"],
-                                         model=s["device_model"])
+                                         model=s["device_model"],
+                                         contention=_contention(s) or NO_CONTENTION)
     rows = "\n".join(f"| {p} | {v:.3f} | {prediction.images_per_s[p]:.1f} |"
                      for p, v in prediction.normalised.items())
-    text = (f"**{prediction.recommendation}** for {prediction.job_a} + {prediction.job_b}: "
-            f"{prediction.reason}.\n\n| policy | solo-job equivalents | images/s |\n"
+    turns = " (with link turns)" if prediction.policy == "crossover_turn" else ""
+    text = (f"**{prediction.recommendation}**{turns} for {prediction.job_a} + "
+            f"{prediction.job_b}: {prediction.reason}.\n\n"
+            f"| policy | solo-job equivalents | images/s |\n"
             f"|---|---|---|\n{rows}")
     return prediction.to_dict(), text
 
@@ -119,7 +137,8 @@ def _recommend(s: Mapping[str, Any]) -> tuple[dict, str]:
 def _pair(s: Mapping[str, Any]) -> tuple[dict, str]:
     plan = pairing.plan_pairs(_profiles(s, 1), min_gain=s["min_gain"],
                               device_efficiency=s["device_efficiency"],
-                              model=s["device_model"])
+                              model=s["device_model"],
+                              contention=_contention(s) or NO_CONTENTION)
     return plan.to_dict(), plan.to_markdown()
 
 
@@ -145,7 +164,8 @@ def _validate(s: Mapping[str, Any]) -> tuple[dict, str]:
     if s["comm_cpu"]:
         with open(s["comm_cpu"], encoding="utf-8") as handle:
             comm_cpu = json.load(handle)
-    report = validate.validate_comparison(s["comparison"], seed=s["seed"], comm_cpu=comm_cpu)
+    report = validate.validate_comparison(s["comparison"], seed=s["seed"], comm_cpu=comm_cpu,
+                                          contention=_contention(s))
     return report, validate.to_markdown(report)
 
 
@@ -178,7 +198,7 @@ def _link_sharing(s: Mapping[str, Any]) -> tuple[dict, str]:
     return measured, text
 
 
-def _contention(s: Mapping[str, Any]) -> tuple[dict, str]:
+def _measure_contention(s: Mapping[str, Any]) -> tuple[dict, str]:
     from experiments import comm_cpu
     measured = comm_cpu.measure_contention(
         s["calibrate_mbit"], megabytes=s["calibrate_mb"], seconds=s["calibrate_seconds"],
@@ -199,7 +219,7 @@ def contention_text(measured: Mapping[str, Any]) -> str:
 
 _HANDLERS = {"recommend": _recommend, "pair": _pair, "simulate": _simulate,
              "sweep": _sweep, "validate": _validate, "calibrate": _calibrate,
-             "link_sharing": _link_sharing, "contention": _contention}
+             "link_sharing": _link_sharing, "contention": _measure_contention}
 
 
 def run(flag_values: Any = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

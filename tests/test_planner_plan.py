@@ -51,3 +51,23 @@ def test_bad_use_is_refused(flag_values, tmp_path):
         plan.run(flag_values, {"mode": "validate", "out_dir": str(tmp_path)})
     with pytest.raises(ValueError, match=r"unknown setting\(s\)"):
         plan.run(flag_values, {"colour": "blue"})
+
+
+def test_recommend_charges_a_measured_link_contention(flag_values, tmp_path):
+    """Two jobs at M/C 1.5 on the cpu model: a lossless link leaves nothing to win over naive
+    co-location; the contention a probe measured on the jobs' cluster makes crossing with
+    link turns the recommendation (and pairing pairs them)."""
+    paths = profile_files(tmp_path, {"A": (0.4, 0.6), "B": (0.4, 0.6)})
+    base = {"profiles": paths, "device_model": "cpu", "out_dir": str(tmp_path)}
+    out = plan.run(flag_values, {**base, "mode": "recommend"})
+    assert out["result"]["recommendation"] == "naive"
+    contention = tmp_path / "contention.json"
+    contention.write_text(json.dumps({"shared_efficiency": 0.8, "compute_slowdown": 1.0}))
+    out = plan.run(flag_values, {**base, "mode": "recommend",
+                                 "link_contention": str(contention)})
+    assert (out["result"]["recommendation"], out["result"]["policy"]) == (
+        "cross", "crossover_turn")
+    assert out["markdown"].startswith("**cross** (with link turns) for A + B")
+    out = plan.run(flag_values, {**base, "mode": "pair", "link_contention": str(contention)})
+    assert out["result"]["unpaired"] == [] and out["result"]["total_gain"] == pytest.approx(
+        2 / 1.2 - 1)

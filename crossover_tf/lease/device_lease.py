@@ -109,10 +109,15 @@ class DeviceLease:
         return (f"DeviceLease(group={self.group!r}, device_key={self.device_key!r}, "
                 f"priority={self.priority!r})")
 
+    @property
+    def names(self) -> dict[str, str]:
+        """The attrs that name this lease's segment in every lease op (and link turn op)."""
+        return {"group": self.group, "device_key": self.device_key}
+
     def acquire(self, tensors: Any = (), tag: int = TAG_OTHER) -> Any:
-        return self._pass_through(self._ops.crossover_acquire_lease, tensors,
-                                  timeout_seconds=self.timeout_s, tag=tag,
-                                  priority=PRIORITIES[self.priority])
+        return pass_through(self._ops.crossover_acquire_lease, tensors, **self.names,
+                            timeout_seconds=self.timeout_s, tag=tag,
+                            priority=PRIORITIES[self.priority])
 
     def release(self, tensors: Any = (), reserve_s: float = 0.0) -> Any:
         """Yields the device. reserve_s > 0 keeps lower priority classes out for that long
@@ -122,22 +127,23 @@ class DeviceLease:
         placement = (contextlib.nullcontext() if tf.nest.flatten(tensors)
                      else tf.device("/CPU:0"))
         with placement:
-            return self._pass_through(self._ops.crossover_yield_lease, tensors,
-                                      reserve_seconds=reserve_s)
-
-    def _pass_through(self, op: Any, tensors: Any, **attrs: Any) -> Any:
-        flat = tf.nest.flatten(tensors)
-        out = op(flat, group=self.group, device_key=self.device_key, **attrs)
-        if not flat:  # graph mode returns the Operation for an op without outputs
-            return tensors
-        return tf.nest.pack_sequence_as(tensors, out)
+            return pass_through(self._ops.crossover_yield_lease, tensors, **self.names,
+                                reserve_seconds=reserve_s)
 
     def stats(self) -> LeaseStats:
-        values, names = self._ops.crossover_lease_stats(group=self.group,
-                                                        device_key=self.device_key)
+        values, names = self._ops.crossover_lease_stats(**self.names)
         return LeaseStats.from_op_output(values, names)
 
     def timeline(self) -> np.ndarray:
         """[n, 4] int64: request_ns, acquired_ns, released_ns (0 = held), tag; wall clock."""
-        return np.asarray(
-            self._ops.crossover_lease_timeline(group=self.group, device_key=self.device_key))
+        return np.asarray(self._ops.crossover_lease_timeline(**self.names))
+
+
+def pass_through(op: Any, tensors: Any, **attrs: Any) -> Any:
+    """Runs a lease op that passes a nest of tensors through unchanged (so that it can be
+    threaded through a graph), and returns the nest."""
+    flat = tf.nest.flatten(tensors)
+    out = op(flat, **attrs)
+    if not flat:  # graph mode returns the Operation for an op without outputs
+        return tensors
+    return tf.nest.pack_sequence_as(tensors, out)

@@ -25,7 +25,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crossover_tf.lease.device_lease import DeviceLease, decode_named_values, validate_timeout
+from crossover_tf.lease.device_lease import (DeviceLease, decode_named_values, pass_through,
+                                             validate_timeout)
+from crossover_tf.lease.loader import load_library
 
 MAX_JOBS = 8  # the C++ core's kMaxTurnJobs
 UNCONSTRAINED = 1 << 62  # the C++ core's kTurnUnconstrained: nobody else turns here
@@ -67,8 +69,8 @@ class LinkTurn:
         self.position, self.jobs = validate_turn(position, jobs)
         self.wait_s = validate_timeout(wait_s)
         self._agree = agree
-        self._names = {"group": lease.group, "device_key": lease.device_key}
-        self._ops = lease._ops
+        self._names = lease.names
+        self._ops = load_library()
         self.joined = False   # taking turns now
         self._paused = False  # left for a pause of this fit; resume() joins again
 
@@ -102,11 +104,11 @@ class LinkTurn:
             self.join()
 
     def wait(self, tensors: Any) -> Any:
-        return self.lease._pass_through(self._ops.crossover_link_turn_wait, tensors,
-                                        wait_seconds=self.wait_s)
+        return pass_through(self._ops.crossover_link_turn_wait, tensors, **self._names,
+                            wait_seconds=self.wait_s)
 
     def done(self, tensors: Any) -> Any:
-        return self.lease._pass_through(self._ops.crossover_link_turn_done, tensors)
+        return pass_through(self._ops.crossover_link_turn_done, tensors, **self._names)
 
     def timeline(self) -> np.ndarray:
         """[n, 4] int64: request_ns, start_ns, done_ns (0 = running), skipped; wall clock."""
