@@ -104,8 +104,7 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
         pathlib.Path(out).write_text(json.dumps({
             "megabytes": tensor.shape[0] * 4 / 2**20, "allreduces": count,
             "wall_s_per_allreduce": wall / count, "cpu_s_per_allreduce": cpu / count,
-            "idle_wall_s": idle_wall, "idle_cpu_s": idle_cpu, "started_s": spans_s[0][0],
-            "ends_s": [end for _, end in spans_s], "spans_s": spans_s}))
+            "idle_wall_s": idle_wall, "idle_cpu_s": idle_cpu, "spans_s": spans_s}))
 
 
 def _gaps(mean_gap_s: float, seconds: float, per_allreduce_s: float) -> list[float]:
@@ -177,20 +176,21 @@ def measure(bandwidth_mbit: float, megabytes: float = DEFAULT_MB, seconds: float
     with tempfile.TemporaryDirectory() as tmp, _shaped_cluster(bandwidth_mbit, num_hosts) as c:
         probe = _run_probes(c, ["comm_cpu"], megabytes, seconds, idle_s, tmp=pathlib.Path(tmp),
                             log_dir=log_dir, timeout_s=timeout_s, env=env)["comm_cpu"]
-    probe = {k: v for k, v in probe.items() if k not in ("started_s", "ends_s", "spans_s")}
+    probe = {k: v for k, v in probe.items() if k != "spans_s"}
     return dataclasses.replace(fit(probe), bandwidth_mbit=bandwidth_mbit)
 
 
 def sharing(solo: Mapping[str, Any], shared: Mapping[str, Mapping[str, Any]]
             ) -> dict[str, Any]:
-    """How two concurrent probe jobs shared the link, from their allreduce end times: over the
-    window where both were timing, each job's seconds per allreduce, and their combined
-    throughput over the solo job's (sum of solo / shared seconds per allreduce)."""
-    start = max(p["started_s"] for p in shared.values())
-    end = min(p["ends_s"][-1] for p in shared.values())
+    """How two concurrent probe jobs shared the link, from their allreduces' (start, end)
+    spans: over the window where both were timing, each job's seconds per allreduce (between
+    ends), and their combined throughput over the solo job's (sum of solo / shared seconds per
+    allreduce)."""
+    start = max(p["spans_s"][0][0] for p in shared.values())
+    end = min(p["spans_s"][-1][1] for p in shared.values())
     per_allreduce = {}
     for name, probe in shared.items():
-        inside = [t for t in probe["ends_s"] if start < t <= end]
+        inside = [t for _, t in probe["spans_s"] if start < t <= end]
         if len(inside) < 2:
             raise RuntimeError(f"probe {name} finished {len(inside)} allreduces while both "
                                f"jobs ran: too little overlap to measure sharing")

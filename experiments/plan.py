@@ -87,8 +87,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 FLAG_NAMES = ["mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
               "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
               "threshold", "handoff_s", "device_model", "comm_cpu", "link_contention",
-              "calibrate_mbit",
-              "calibrate_mb", "calibrate_seconds", "calibrate_cycle_time_ms"]
+              "calibrate_mbit", "calibrate_mb", "calibrate_seconds", "calibrate_cycle_time_ms"]
 
 
 def _check_settings(c: Any) -> None:
@@ -203,11 +202,11 @@ def _measure_contention(s: Mapping[str, Any]) -> tuple[dict, str]:
     measured = comm_cpu.measure_contention(
         s["calibrate_mbit"], megabytes=s["calibrate_mb"], seconds=s["calibrate_seconds"],
         log_dir=os.path.join(s["out_dir"], "contention_logs"))
-    return measured.to_dict(), contention_text(measured.to_dict())
+    return measured.to_dict(), _contention_text(measured.to_dict())
 
 
-def contention_text(measured: Mapping[str, Any]) -> str:
-    """One sentence on a LinkContention record (plan.py's and compare.md's)."""
+def _contention_text(measured: Mapping[str, Any]) -> str:
+    """One sentence on a measured LinkContention record (contention.md)."""
     probe = measured["probe"]
     return (f"Link contention at {measured['bandwidth_mbit']:.4g} Mbit/s, allreduces of "
             f"{probe['megabytes']:.2f} MB: two jobs overlapping at random moved "

@@ -544,13 +544,15 @@ def test_link_sharing_counts_only_the_allreduces_both_jobs_overlapped():
     solo = {"megabytes": 1.0, "wall_s_per_allreduce": 0.4}
     a_ends = [100.0 + 0.8 * k for k in range(1, 21)] + [116.0 + 0.4 * k for k in range(1, 6)]
     b_ends = [100.5 + 0.8 * k for k in range(1, 20)]
-    shared = {"a": {"started_s": 100.0, "ends_s": a_ends},
-              "b": {"started_s": 100.5, "ends_s": b_ends}}
+    shared = {"a": {"spans_s": [(e - (0.8 if e <= 116.0 else 0.4), e) for e in a_ends]},
+              "b": {"spans_s": [(e - 0.8, e) for e in b_ends]}}
+    assert (shared["a"]["spans_s"][0][0], shared["b"]["spans_s"][0][0]) == pytest.approx(
+        (100.0, 100.5))
     out = comm_cpu.sharing(solo, shared)
     assert out["shared_s_per_allreduce"] == pytest.approx({"a": 0.8, "b": 0.8})
     assert out["combined_throughput"] == pytest.approx(1.0)
     assert out["overlap_s"] == pytest.approx(b_ends[-1] - 100.5)
-    shared["b"]["ends_s"] = [100.6]  # b barely started: nothing to compare
+    shared["b"]["spans_s"] = [(100.5, 100.6)]  # b barely started: nothing to compare
     with pytest.raises(RuntimeError, match="too little overlap"):
         comm_cpu.sharing(solo, shared)
 

@@ -69,7 +69,6 @@ class LinkTurn:
         self.position, self.jobs = validate_turn(position, jobs)
         self.wait_s = validate_timeout(wait_s)
         self._agree = agree
-        self._names = lease.names
         self._ops = load_library()
         self.joined = False   # taking turns now
         self._paused = False  # left for a pause of this fit; resume() joins again
@@ -80,16 +79,16 @@ class LinkTurn:
     def join(self) -> int:
         """Starts taking turns (a collective of the job's ranks); returns the agreed offset."""
         proposal = int(self._ops.crossover_link_turn_join(position=self.position, jobs=self.jobs,
-                                                          **self._names))
+                                                          **self.lease.names))
         offset = int(self._agree(proposal))
         offset = 0 if offset >= UNCONSTRAINED else offset
-        self._ops.crossover_link_turn_start(offset, **self._names)
+        self._ops.crossover_link_turn_start(offset, **self.lease.names)
         self.joined, self._paused = True, False
         return offset
 
     def leave(self) -> None:
         """Stops taking turns: the other jobs no longer wait for this one."""
-        self._ops.crossover_link_turn_leave(**self._names)
+        self._ops.crossover_link_turn_leave(**self.lease.names)
         self.joined = self._paused = False
 
     def pause(self) -> None:
@@ -104,16 +103,16 @@ class LinkTurn:
             self.join()
 
     def wait(self, tensors: Any) -> Any:
-        return pass_through(self._ops.crossover_link_turn_wait, tensors, **self._names,
+        return pass_through(self._ops.crossover_link_turn_wait, tensors, **self.lease.names,
                             wait_seconds=self.wait_s)
 
     def done(self, tensors: Any) -> Any:
-        return pass_through(self._ops.crossover_link_turn_done, tensors, **self._names)
+        return pass_through(self._ops.crossover_link_turn_done, tensors, **self.lease.names)
 
     def timeline(self) -> np.ndarray:
         """[n, 4] int64: request_ns, start_ns, done_ns (0 = running), skipped; wall clock."""
-        return np.asarray(self._ops.crossover_link_turn_timeline(**self._names))
+        return np.asarray(self._ops.crossover_link_turn_timeline(**self.lease.names))
 
     def stats(self) -> TurnStats:
-        values, names = self._ops.crossover_link_turn_stats(**self._names)
+        values, names = self._ops.crossover_link_turn_stats(**self.lease.names)
         return decode_named_values(TurnStats, values, names)
