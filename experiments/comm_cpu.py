@@ -54,13 +54,16 @@ class NotShaped(RuntimeError):
 
 def worker(megabytes: float, seconds: float, idle_s: float, out: str,
            start_barrier: str | None = None, random_gaps: bool = False,
-           busy_core: bool = False) -> None:
+           busy_core: bool = False, gap_s: float | None = None) -> None:
     """One rank: timed allreduces of `megabytes` (after every rank of every probe job reached
     `start_barrier`, barrier.py's DIR:COUNT, when given: so that two probe jobs overlap), then
     one allreduce whose peer arrives `idle_s` late; rank 0 writes the measurements and each
     timed allreduce's span to `out`. `random_gaps`: a gap drawn uniformly from [0, 2 x the
     allreduce time] after each allreduce (the same draws on every rank of the job, others in
-    another job); `busy_core`: a busy loop shares the rank's core while it times."""
+    another job); `gap_s`: the allreduce time those gaps and the run's length are sized by
+    (default: this job's own, from its warm-up; give two jobs the same one and they run the
+    same number of allreduces over the same stretch); `busy_core`: a busy loop shares the
+    rank's core while it times."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -78,7 +81,8 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
     # once traced and connected (the first warm-up does both).
     per_allreduce = float(hvd.allreduce(tf.constant(min(warm_up_s[1:])), op=hvd.Max,
                                         name="comm_cpu_time"))
-    gaps = _gaps(per_allreduce if random_gaps else 0.0, seconds, per_allreduce)
+    sized_by = gap_s or per_allreduce
+    gaps = _gaps(sized_by if random_gaps else 0.0, seconds, sized_by)
     if start_barrier:
         from experiments.barrier import wait_at_barrier
         wait_at_barrier(start_barrier, f"rank{hvd.rank()}-pid{os.getpid()}")
@@ -137,15 +141,17 @@ def _busy_loop(enabled: bool) -> Iterator[None]:
 
 def _run_probes(cluster: Any, names: Sequence[str], megabytes: float, seconds: float,
                 idle_s: float, *, tmp: pathlib.Path, log_dir: str, timeout_s: float,
-                env: Mapping[str, str], random_gaps: bool = False, busy_core: bool = False
-                ) -> dict[str, dict[str, Any]]:
+                env: Mapping[str, str], random_gaps: bool = False, busy_core: bool = False,
+                gap_s: float | None = None) -> dict[str, dict[str, Any]]:
     """Runs one probe job per name at once on `cluster` (their timed allreduces starting
-    together); rank 0's measurements per job (worker's `random_gaps` and `busy_core`)."""
+    together); rank 0's measurements per job (worker's `random_gaps`, `busy_core` and
+    `gap_s`)."""
     from experiments import launch_pair
     barrier = f"{tmp / 'barrier'}:{len(names) * len(cluster.hosts)}" if len(names) > 1 else ""
     commands = {name: [sys.executable, "-m", "experiments.comm_cpu", str(megabytes),
                        str(seconds), str(idle_s), str(tmp / f"{name}.json"), barrier,
-                       str(int(random_gaps)), str(int(busy_core))]
+                       str(int(random_gaps)), str(int(busy_core)),
+                       "" if gap_s is None else repr(gap_s)]
                 for name in names}
     results = launch_pair.run_jobs(cluster, commands, mode="concurrent", log_dir=log_dir,
                                    timeout_s=timeout_s, env=env)
@@ -232,12 +238,15 @@ def measure_contention(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
                   "env": {}, "random_gaps": True}
         alone = _run_probes(c, ["gapped_solo"], megabytes, seconds, MIN_RUN_S / 2,
                             **kwargs)["gapped_solo"]
+        # The later runs are sized by the solo allreduce, not by each job's noisy warm-up, so
+        # that the two shared jobs run the same count over the same stretch.
+        kwargs["gap_s"] = solo_s = _median_span_s(alone)
         burdened = _run_probes(c, ["gapped_busy_core"], megabytes, seconds, MIN_RUN_S / 2,
                                busy_core=True, **kwargs)["gapped_busy_core"]
-        # Both jobs time the same stretch: each sizes its count alone, so twice the seconds.
+        # Two jobs on one link: each allreduce takes about twice as long, so twice the seconds.
         shared = _run_probes(c, ["gapped_a", "gapped_b"], megabytes, 2 * seconds,
                              MIN_RUN_S / 2, **kwargs)
-    fitted = fit_contention(_median_span_s(alone), _median_span_s(burdened),
+    fitted = fit_contention(solo_s, _median_span_s(burdened),
                             {name: probe["spans_s"] for name, probe in shared.items()})
     return dataclasses.replace(fitted, bandwidth_mbit=bandwidth_mbit,
                                probe={**fitted.probe, "megabytes": alone["megabytes"]})
@@ -249,4 +258,5 @@ def _median_span_s(probe: Mapping[str, Any]) -> float:
 
 if __name__ == "__main__":  # one probe rank (launched by _run_probes)
     worker(float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4],
-           sys.argv[5] or None, random_gaps=sys.argv[6] == "1", busy_core=sys.argv[7] == "1")
+           sys.argv[5] or None, random_gaps=sys.argv[6] == "1", busy_core=sys.argv[7] == "1",
+           gap_s=float(sys.argv[8]) if sys.argv[8] else None)
