@@ -195,7 +195,9 @@ def validate(c: Any) -> None:
 def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
               settings: Mapping[str, Any]) -> dict[str, Any]:
     """Scenario table, ratios and the ideal ratio from the per-job stats of each scenario; a
-    ratio is there only when both of its scenarios ran."""
+    ratio is there only when both of its scenarios ran and measured. A concurrent scenario
+    whose window is too short (throughput.WindowGuard) is left out of the table and every
+    ratio, with the reason under "invalid"."""
     seq = stats["sequential"]
     table: dict[str, Any] = {
         f"solo_{job}": {"jobs": {job: s.to_dict()}, "aggregate_images_per_s": s.images_per_s,
@@ -208,13 +210,21 @@ def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
         "aggregate_images_per_s": sequential,
         "per_job_in_aggregate": {job: sequential * s.timed_images / total_images
                                  for job, s in seq.items()}}
+    invalid: dict[str, str] = {}
     for name in scenarios.CONCURRENT:
-        if name in stats:
+        if name not in stats:
+            continue
+        try:
             aggregate, per_job, window = throughput.concurrent_aggregate(
-                stats[name], _warmups(stats[name], warmup_steps))
-            table[name] = {"jobs": {j: s.to_dict() for j, s in stats[name].items()},
-                           "aggregate_images_per_s": aggregate,
-                           "per_job_in_aggregate": per_job, "window_s": window}
+                stats[name], _warmups(stats[name], warmup_steps),
+                share_exempt=[j for j, s in stats[name].items() if s.priority == "secondary"])
+        except throughput.WindowTooShort as err:  # left out of every ratio below
+            logging.warning("scenario %s is invalid: %s", name, err)
+            invalid[name] = str(err)
+            continue
+        table[name] = {"jobs": {j: s.to_dict() for j, s in stats[name].items()},
+                       "aggregate_images_per_s": aggregate,
+                       "per_job_in_aggregate": per_job, "window_s": window}
     agg = {n: s["aggregate_images_per_s"] for n, s in table.items()}
     ratios = {f"{top}_over_{bottom}": agg[top] / agg[bottom]
               for top, bottom in (("crossover", "sequential"), ("crossover", "naive"),
@@ -225,16 +235,18 @@ def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
               if top in agg and bottom in agg}
     ratios["ideal_crossover_over_sequential"] = throughput.ideal_crossover_ratio(
         list(seq.values()))
-    if "crossover_over_sequential" in ratios:
-        ratios["measured_over_ideal"] = (ratios["crossover_over_sequential"]
-                                         / ratios["ideal_crossover_over_sequential"])
-    if "priority" in stats:
+    for crossed, key in trials.OVER_IDEAL.items():
+        if f"{crossed}_over_sequential" in ratios:
+            ratios[key] = (ratios[f"{crossed}_over_sequential"]
+                           / ratios["ideal_crossover_over_sequential"])
+    if "priority" in table:
         from experiments import priority_metrics
         naive = table.get("naive", {}).get("per_job_in_aggregate")
         ratios.update(priority_metrics.priority_ratios(
             stats["priority"], seq, table["priority"]["per_job_in_aggregate"], naive,
             warmup_steps))
-    return {"settings": dict(settings), "scenarios": table, "ratios": ratios}
+    return {"settings": dict(settings), "scenarios": table, "ratios": ratios,
+            "invalid": invalid}
 
 
 def _warmups(jobs: Mapping[str, JobStats], warmup_steps: int) -> dict[str, int]:
@@ -324,13 +336,27 @@ def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None,
     (out / "compare.md").write_text(table)
     _attribute(result, out, c.jobs)
     shown = stats[result["representative_trial"]]
-    leased = shown.get("crossover") or shown.get("priority")
+    leased = next((shown[n] for n in ("crossover", "priority") if n in result["scenarios"]),
+                  None)
     if leased:
         report.plot(result, leased, str(out / "compare.png"))
     print(table)
+    for check in result["checks"]:
+        logging.warning("check failed: %s", check)
+    _raise_if_nothing_measured(result, c.scenarios)
     print(f"results: {out / 'compare.json'}, {out / 'compare.md'}, {out / 'compare.png'}; "
           f"tensorboard --logdir {out / 'tensorboard'}")
     return result
+
+
+def _raise_if_nothing_measured(result: Mapping[str, Any], asked: Sequence[str]) -> None:
+    """A comparison whose concurrent scenarios were all invalid in every trial measured
+    nothing: it fails, loudly, after writing what it saw (compare.md says why)."""
+    concurrent = [n for n in asked if n in scenarios.CONCURRENT]
+    measured = [n for n in concurrent for t in result["per_trial"] if n in t["scenarios"]]
+    if concurrent and not measured:
+        reasons = "; ".join(f"{n}: {r[0]['reason']}" for n, r in result["invalid"].items())
+        raise RuntimeError(f"no concurrent scenario ran long enough to measure ({reasons})")
 
 
 def run(flag_values: flags.FlagValues = flags.FLAGS,

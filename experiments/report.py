@@ -20,6 +20,7 @@ RATIO_ROWS = (("crossover_over_sequential", "crossover / sequential"),
               ("crossover_turn_over_crossover", "crossover with link turns / crossover"),
               ("crossover_turn_over_naive", "crossover with link turns / naive"),
               ("crossover_turn_over_sequential", "crossover with link turns / sequential"),
+              ("crossover_turn_measured_over_ideal", "crossover with link turns: measured / ideal"),
               ("primary_over_solo", "priority: primary / its solo run"),
               ("primary_over_naive", "priority: primary / primary in naive"),
               ("secondary_over_naive", "priority: secondary / secondary in naive"),
@@ -46,9 +47,33 @@ def with_spread(spread: Mapping[str, float] | float, digits: int = 3) -> str:
     """"median [min–max]" of a spread record, or a plain value (a single trial)."""
     if not isinstance(spread, Mapping):
         return f"{spread:.{digits}f}"
+    # Fewer values than trials: the others' scenarios were invalid (see "Invalid" below).
+    count = (f" ({len(spread['values'])} of {spread['of_trials']} trials)"
+             if "of_trials" in spread else "")
     if spread["min"] == spread["max"]:
-        return f"{spread['median']:.{digits}f}"
-    return f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}–{spread['max']:.{digits}f}]"
+        return f"{spread['median']:.{digits}f}{count}"
+    return (f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}–"
+            f"{spread['max']:.{digits}f}]{count}")
+
+
+def _trial_label(trial: int | None) -> str:
+    return "" if trial is None else f" (trial {trial})"
+
+
+def _invalid_lines(result: Mapping[str, Any]) -> list[str]:
+    """Scenarios refused for a window too short to measure, and failed sanity checks: said
+    where the numbers are, so nobody reads a table without them."""
+    invalid = result.get("invalid") or {}
+    if isinstance(next(iter(invalid.values()), []), str):  # one trial's summary: name -> reason
+        invalid = {name: [{"trial": None, "reason": reason}] for name, reason in invalid.items()}
+    lines = []
+    if invalid:
+        lines += ["", "**Invalid scenarios** (left out of every ratio, the verdict and the "
+                  "plot):", ""]
+        lines += [f"- {name}{_trial_label(e['trial'])}: {e['reason']}"
+                  for name, entries in invalid.items() for e in entries]
+    lines += [f"\n**Check failed:** {check}" for check in result.get("checks", ())]
+    return lines
 
 
 def _regime_lines(result: Mapping[str, Any]) -> list[str]:
@@ -89,6 +114,7 @@ def markdown(result: Mapping[str, Any]) -> str:
                  for j in jobs_all]
         lines.append(f"| {name} | {' | '.join(cells)} | "
                      f"{scenario['aggregate_images_per_s']:.1f} |")
+    lines += _invalid_lines(result)
     spreads = result.get("ratio_spread", result["ratios"])
     header = f"median [min–max] of {n_trials} trials" if n_trials > 1 else "value"
     lines += ["", f"| ratio | {header} |", "|---|---:|"]
@@ -146,7 +172,8 @@ def _throughput_panel(ax: Any, result: Mapping[str, Any]) -> None:
         ax.bar(names, values, bottom=bottom, color=color, label=f"job {job}")
         bottom += values
     for trial in result.get("per_trial", ()):
-        ax.plot(names, [trial["scenarios"][n]["aggregate_images_per_s"] for n in names], "k.",
+        ax.plot(names, [trial["scenarios"].get(n, {}).get("aggregate_images_per_s", np.nan)
+                        for n in names], "k.",
                 label="each trial" if trial is result["per_trial"][0] else None)
     ax.set_ylabel("images/s (aggregate, stacked by job)")
     ax.set_title("throughput")

@@ -61,7 +61,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "i.e. the CPUs this process may run on).")
     define(flags.DEFINE_integer, "log_every", 1, "Write TensorBoard step scalars every N steps.")
     define(flags.DEFINE_string, "start_barrier", "", "DIR:COUNT: wait before training until "
-           "COUNT processes (all ranks of all jobs meant to run together) arrived.")
+           "COUNT processes (all ranks of all jobs meant to run together) arrived, and again "
+           "after --warmup_steps, so that their timed steps start together.")
     define(flags.DEFINE_integer, "memory_limit_mb", 0, "GPU only: cap this job's GPU memory "
            "at this many MiB (0: memory growth, TensorFlow takes memory as it needs it).")
     define(flags.DEFINE_enum, "priority", "normal", "Lease priority class: jobs of one class "
@@ -154,12 +155,17 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     job_dir = pathlib.Path(c.model_dir) / c.job
     step_stats = xo_callbacks.StepStatistics(strategy, c.global_batch_size, str(job_dir),
                                              c.log_every, description=_description(c, strategy))
+    barriers = []
     if c.start_barrier:
-        from experiments.barrier import wait_at_barrier
-        wait_at_barrier(c.start_barrier, f"{c.job}-{strategy.rank}")
+        from experiments import barrier
+        me = f"{c.job}-{strategy.rank}"
+        barrier.wait_at_barrier(barrier.phase(c.start_barrier, "start"), me)
+        if c.warmup_steps:  # the timed steps of every job start together too
+            barriers.append(barrier.TimedStartBarrier(barrier.phase(c.start_barrier, "timed"),
+                                                      me, c.warmup_steps, strategy.turn))
     start_ns = time.time_ns()
     model.fit(train_data, epochs=c.epochs, steps_per_epoch=c.steps, verbose=0,
-              callbacks=[*strategy.callbacks(), step_stats])
+              callbacks=[*strategy.callbacks(), *barriers, step_stats])
     stats = _job_stats(c, strategy, model, step_stats.records, start_ns, time.time_ns())
     job_dir.mkdir(parents=True, exist_ok=True)
     stats.to_json(job_dir / stats_file_name(strategy.rank))

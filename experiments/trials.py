@@ -15,6 +15,9 @@ from crossover_tf_planner.job_stats import JobStats
 
 # The ratio that picks the representative trial (the one whose scenarios compare.json shows).
 PRIMARY_RATIO = "crossover_over_naive"
+# Each crossed scenario's measured/ideal ratio: its <scenario>_over_sequential over the ideal.
+OVER_IDEAL = {"crossover": "measured_over_ideal",
+              "crossover_turn": "crossover_turn_measured_over_ideal"}
 
 
 def trial_order(scenarios: Sequence[str], trial: int) -> list[str]:
@@ -23,10 +26,14 @@ def trial_order(scenarios: Sequence[str], trial: int) -> list[str]:
     return [*scenarios[shift:], *scenarios[:shift]]
 
 
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    """Median, min, max and the per-trial values."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": list(values)}
+def spread(values: Sequence[float], trials: int | None = None) -> dict[str, Any]:
+    """Median, min, max and the per-trial values; `trials` (when more trials ran than gave a
+    value, e.g. a scenario invalid in some) is kept as "of_trials" so the count stays shown."""
+    record = {"median": statistics.median(values), "min": min(values), "max": max(values),
+              "values": list(values)}
+    if trials is not None and trials != len(values):
+        record["of_trials"] = trials
+    return record
 
 
 def comm_to_compute(result: Mapping[str, Any]) -> float:
@@ -39,27 +46,50 @@ def comm_to_compute(result: Mapping[str, Any]) -> float:
 def representative_trial(per_trial: Sequence[Mapping[str, Any]]) -> int:
     """Index of the trial whose primary ratio is the (lower) median; trial 0 when the
     comparison has no such ratio (e.g. without the naive scenario)."""
-    values = [t["ratios"].get(PRIMARY_RATIO, float("nan")) for t in per_trial]
-    if any(v != v for v in values):  # NaN: ratio missing
+    having = [i for i, t in enumerate(per_trial) if PRIMARY_RATIO in t["ratios"]]
+    if not having:
         return 0
-    ranked = sorted(range(len(values)), key=values.__getitem__)
+    ranked = sorted(having, key=lambda i: per_trial[i]["ratios"][PRIMARY_RATIO])
     return ranked[(len(ranked) - 1) // 2]
 
 
 def combine(per_trial: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """compare.json's body from per-trial summaries: the representative trial's scenarios,
-    "ratios" as medians over trials with "ratio_spread" beside them, and every trial."""
+    "ratios" as medians over the trials that measured them with "ratio_spread" beside them,
+    "invalid" (per scenario, the trials it was refused in and why), "checks" (what failed
+    a sanity check, e.g. a measured ratio above its ideal), and every trial."""
     if not per_trial:
         raise ValueError("no trials to combine")
     chosen = representative_trial(per_trial)
-    ratio_spread = {name: spread([t["ratios"][name] for t in per_trial])
-                    for name in per_trial[0]["ratios"]}
+    names = list(dict.fromkeys(name for t in per_trial for name in t["ratios"]))
+    ratio_spread = {name: spread([t["ratios"][name] for t in per_trial if name in t["ratios"]],
+                                 trials=len(per_trial)) for name in names}
+    invalid: dict[str, list[dict[str, Any]]] = {}
+    for trial, t in enumerate(per_trial):
+        for name, reason in t.get("invalid", {}).items():
+            invalid.setdefault(name, []).append({"trial": trial, "reason": reason})
     return {"trials": len(per_trial), "representative_trial": chosen,
             "scenarios": per_trial[chosen]["scenarios"],
             "ratios": {name: s["median"] for name, s in ratio_spread.items()},
-            "ratio_spread": ratio_spread,
+            "ratio_spread": ratio_spread, "invalid": invalid,
+            "checks": above_ideal(ratio_spread),
             "achieved_comm_to_compute": spread([comm_to_compute(t) for t in per_trial]),
             "per_trial": list(per_trial)}
+
+
+def above_ideal(ratio_spread: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A crossed scenario whose measured/ideal exceeds 1 in every trial that measured it:
+    beyond its own spread, so the measurement or the bound is wrong (the ideal assumes each
+    job's compute hides entirely under the others' allreduces, which nothing can beat)."""
+    flagged = []
+    for crossed, key in OVER_IDEAL.items():
+        s = ratio_spread.get(key)
+        if s is not None and s["min"] > 1.0:
+            flagged.append(
+                f"{crossed} / sequential is above its ideal in every trial that measured it "
+                f"(measured / ideal {s['median']:.3f}, lowest {s['min']:.3f}): the measurement "
+                f"or the bound is wrong; do not trust this comparison's {crossed} ratios")
+    return flagged
 
 
 def verdict(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,10 +103,13 @@ def verdict(result: Mapping[str, Any]) -> dict[str, Any]:
     predicted = collections.Counter(
         t["planner"]["recommendation"]["predicted"] for t in per_trial
         if "recommendation" in t.get("planner", {}))
-    winner = measured_winner(_over_sequential(result["ratios"], "over_naive"))
+    ratios = result["ratios"]
+    winner = (measured_winner(_over_sequential(ratios, "over_naive"))
+              if {"naive_over_sequential", "crossover_over_naive"} <= set(ratios) else None)
     trial_winners = collections.Counter(
         measured_winner(_over_sequential(t["ratios"], "over_sequential"))
-        for t in per_trial if "crossover_over_sequential" in t.get("ratios", {}))
+        for t in per_trial
+        if {"naive_over_sequential", "crossover_over_sequential"} <= set(t.get("ratios", {})))
     return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
             "measured_winner": winner, "trial_winners": dict(trial_winners.most_common())}
 

@@ -453,8 +453,9 @@ def test_saved_lease_tags_match_the_lease_library():
 
 
 def test_priority_scenario_summary_and_report(tmp_path):
-    primary = _leased("A", "primary", [(0, 3, 40), (60, 61, 70)], 0.1)
-    secondary = _leased("B", "secondary", [(0, 0, 5), (10, 10, 15)], 0.2)
+    # 20 steps each: the secondary completes 8 inside the window (the guard asks for 5).
+    primary = _leased("A", "primary", [(0, 3, 40), (60, 61, 70)], 0.1, steps=20)
+    secondary = _leased("B", "secondary", [(0, 0, 5), (10, 10, 15)], 0.2, steps=20)
     stats = {"sequential": {"A": _stats("A", 0.095, 0.05, 0.04),
                             "B": _stats("B", 0.1, 0.05, 0.05)},
              "naive": {j: _stats(j, 0.15, 0.05, 0.05) for j in "AB"},

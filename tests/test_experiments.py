@@ -10,6 +10,7 @@ from absl import flags
 
 from crossover_tf_planner.job_stats import JobStats
 from experiments import compare, report, throughput, train
+from experiments import trials as trials_lib
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +68,132 @@ def test_concurrent_aggregate_counts_only_the_common_window():
     with pytest.raises(ValueError, match="did not run concurrently"):
         throughput.concurrent_aggregate({"A": _fake_stats([0, 1, 2]),
                                          "B": _fake_stats([5, 6, 7])}, 1)
+
+
+def test_window_guard_refuses_the_window_that_once_printed_1_39():
+    """The CI failure of 1ef155a, by hand: three jobs stepping every 21 ms whose timed phases
+    overlapped for 5.3 ms, in which only A completed a step. Refused, saying why and what to
+    change; a window of whole timed runs passes."""
+    a = _fake_stats([0, 21, 42, 63, 84.0, 105, 126, 147, 168, 189, 194.0])
+    b = _fake_stats([167.7 + 21 * i for i in range(11)])
+    c = _fake_stats([167.7 + 21 * i for i in range(11)])
+    with pytest.raises(throughput.WindowTooShort) as err:
+        throughput.concurrent_aggregate({"A": a, "B": b, "C": c}, 1)
+    message = str(err.value)
+    assert "window was 5.3 ms" in message
+    assert "job B completed 0 step(s) in it (need >= 5)" in message
+    assert "job C completed 0 step(s)" in message and "--steps" in message
+    assert "start barrier" in message
+    aligned = _fake_stats([21 * i for i in range(11)])
+    aggregate, per_job, window = throughput.concurrent_aggregate(
+        {"A": aligned, "B": aligned, "C": aligned}, 1)
+    assert window == pytest.approx(0.189) and per_job["B"] == pytest.approx(9 * 10 / 0.189)
+
+
+def test_window_guard_asks_for_a_share_of_every_timed_run_unless_exempt():
+    """Enough steps but a sliver of a long job's run: refused for its share; a secondary
+    (exempt: it runs on alone by design) still needs its steps."""
+    short = _fake_stats([10 * i for i in range(12)])     # timed run 10..110 ms
+    long = _fake_stats([10 * i for i in range(60)])      # timed run 10..590 ms
+    with pytest.raises(throughput.WindowTooShort, match=r"covers 17% of job B's timed run"):
+        throughput.concurrent_aggregate({"A": short, "B": long}, 1)
+    _, per_job, _ = throughput.concurrent_aggregate({"A": short, "B": long}, 1,
+                                                     share_exempt=["B"])
+    assert per_job["B"] == pytest.approx(per_job["A"])
+    with pytest.raises(throughput.WindowTooShort, match="need >= 20"):
+        throughput.concurrent_aggregate({"A": short, "B": long}, 1, share_exempt=["B"],
+                                        guard=throughput.WindowGuard(min_steps=20))
+    assert throughput.concurrent_aggregate({"A": short, "B": long}, 1, guard=None)[2] > 0
+
+
+def _two_job_stats(crossover_a: JobStats, crossover_b: JobStats) -> dict:
+    steady = _fake_stats([10 * i for i in range(21)], compute_s=0.004, comm_s=0.005,
+                         apply_s=0.001, timed_wall_s=0.2)
+    return {"sequential": {"A": steady, "B": steady}, "naive": {"A": steady, "B": steady},
+            "crossover": {"A": crossover_a, "B": crossover_b}}
+
+
+def test_an_invalid_scenario_stays_out_of_ratios_verdict_and_plot_and_says_why(tmp_path):
+    steady = _fake_stats([10 * i for i in range(21)])
+    late = _fake_stats([187 + 10 * i for i in range(21)])
+    bad = compare.summarise(_two_job_stats(steady, late), 1, {"trial": 0})
+    assert "crossover" not in bad["scenarios"]
+    assert not any(k.startswith("crossover") or k == "measured_over_ideal"
+                   for k in bad["ratios"])
+    assert "window was 3.0 ms" in bad["invalid"]["crossover"]
+    good = compare.summarise(_two_job_stats(steady, steady), 1, {"trial": 1})
+    assert good["invalid"] == {} and "crossover_over_naive" in good["ratios"]
+    combined = trials_lib.combine([bad, good])
+    assert combined["representative_trial"] == 1    # the trial that measured crossover
+    spread = combined["ratio_spread"]["crossover_over_naive"]
+    assert spread["values"] == [good["ratios"]["crossover_over_naive"]]
+    assert spread["of_trials"] == 2
+    assert combined["invalid"]["crossover"][0]["trial"] == 0
+    table = report.markdown(combined)
+    assert "**Invalid scenarios**" in table and "crossover (trial 0): the jobs'" in table
+    assert "(1 of 2 trials)" in table
+    assert trials_lib.verdict(combined)["measured_winner"] is not None
+    everything_bad = trials_lib.combine([bad])
+    assert trials_lib.verdict(everything_bad)["measured_winner"] is None
+    with pytest.raises(RuntimeError, match="no concurrent scenario ran long enough"):
+        compare._raise_if_nothing_measured(everything_bad, ["sequential", "crossover"])
+    report.plot(combined, {}, str(tmp_path / "p.png"))  # per-trial dots skip the invalid
+
+
+def test_a_ratio_above_its_ideal_in_every_trial_is_flagged():
+    """Above the ideal in every trial (beyond the spread) is flagged, in the combined record
+    too; one trial of several below 1 is the spread, not flagged."""
+    flagged = trials_lib.above_ideal({"measured_over_ideal": trials_lib.spread([1.246])})
+    assert flagged and "crossover / sequential is above its ideal" in flagged[0]
+    assert "1.246" in flagged[0]
+    assert trials_lib.above_ideal({"measured_over_ideal": trials_lib.spread([1.05, 1.2])})
+    assert not trials_lib.above_ideal({"measured_over_ideal": trials_lib.spread([0.98, 1.2])})
+    assert not trials_lib.above_ideal({"measured_over_ideal": trials_lib.spread([0.9])})
+    turn = trials_lib.above_ideal({"crossover_turn_measured_over_ideal":
+                                   trials_lib.spread([1.01])})
+    assert turn and turn[0].startswith("crossover_turn / sequential")
+    # From the trials' summaries: crossover at 3x sequential against an ideal of 2.
+    fast = _fake_stats([5 * i for i in range(41)])
+    summary = compare.summarise(_two_job_stats(fast, fast), 1, {})
+    assert summary["ratios"]["measured_over_ideal"] > 1
+    combined = trials_lib.combine([summary])
+    assert combined["checks"] and "**Check failed:**" in report.markdown(combined)
+
+
+def test_timed_start_barrier_waits_after_warm_up_out_of_the_link_turn(tmp_path):
+    """The barrier waits once, after the warm-up steps, with the link turn left for the wait
+    and joined again after it; a peer that never comes is a bounded error, and the job then
+    stays out of the turns."""
+    from experiments import barrier
+
+    class Turn:
+        def __init__(self):
+            self.calls = []
+
+        def pause(self):
+            self.calls.append("pause")
+
+        def resume(self):
+            self.calls.append("resume")
+
+    spec = barrier.phase(f"{tmp_path}/run:1", "timed")
+    assert spec == f"{tmp_path}/run/timed:1"
+    turn = Turn()
+    callback = barrier.TimedStartBarrier(spec, "A-0", after_steps=3, turn=turn)
+    for step in range(2):
+        callback.on_train_batch_end(step)
+    assert turn.calls == [] and not (tmp_path / "run" / "timed").exists()
+    callback.on_train_batch_end(2)
+    assert turn.calls == ["pause", "resume"]
+    assert (tmp_path / "run" / "timed" / "A-0").exists()
+    callback.on_train_batch_end(3)
+    assert turn.calls == ["pause", "resume"]  # once
+    lonely, turn = barrier.phase(f"{tmp_path}/lonely:2", "timed"), Turn()
+    callback = barrier.TimedStartBarrier(lonely, "A-0", after_steps=1, turn=turn,
+                                         timeout_s=0.2)
+    with pytest.raises(TimeoutError, match="did a peer job die"):
+        callback.on_train_batch_end(0)
+    assert turn.calls == ["pause"]
 
 
 def _phases(compute_s: float, comm_s: float, apply_s: float = 0.0) -> JobStats:
@@ -205,15 +332,56 @@ def test_compare_three_jobs_crossing_end_to_end(tmp_path):
         "warmup_steps": 4, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path), "jobs": 3,
         "timeout_s": 300.0, "scenarios": ["sequential", "crossover"], "comm_cpu_probe": False})
     saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["invalid"] == {}, saved["invalid"]  # the window guard is on and passed
     crossed = saved["scenarios"]["crossover"]
     assert set(crossed["jobs"]) == {"A", "B", "C"}
-    assert all(rate > 0 for rate in crossed["per_job_in_aggregate"].values())
+    # Every job completed at least the guard's steps inside the window (10 timed steps each,
+    # started together after warm-up by the timed barrier).
+    guard = throughput.WindowGuard()
+    steps_in = {job: rate * crossed["window_s"] / 32
+                for job, rate in crossed["per_job_in_aggregate"].items()}
+    assert all(n >= guard.min_steps for n in steps_in.values()), steps_in
     intervals = sorted((s[1], s[2], job) for job, j in crossed["jobs"].items()
                        for s in j["lease_events_ns"] if s[2])
     for (_, end, a), (start, _, b) in zip(intervals, intervals[1:]):
         assert end <= start, f"jobs {a} and {b} held host 0's device at once"
     assert "job C images/s" in (tmp_path / "compare.md").read_text()
     assert saved["ratios"]["ideal_crossover_over_sequential"] > 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_real_jobs_of_unequal_length_make_a_window_the_guard_refuses(tmp_path):
+    """Two real jobs started together (both barriers) where B runs 8x as many steps as A: the
+    window is A's timed run, a sliver of B's, and the guard says so; the same jobs pass with
+    B exempt from the share, and every step of A lies inside the window (timed together)."""
+    from experiments import launch_pair, scenarios
+    from experiments.cluster.netns import EmulatedCluster
+    compare.define_flags()
+    c = config_settings({"model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32,
+                         "steps": 14, "warmup_steps": 4, "timeout_s": 300.0,
+                         "force_localhost": True, "bandwidth_mbit": 100.0})
+    barrier = f"{tmp_path / 'barriers'}:{2 * c.num_hosts}"
+    commands = {job: scenarios.train_command(c, job, "", str(tmp_path / "tb"), barrier,
+                                             steps=steps)
+                for job, steps in (("A", 14), ("B", 84))}
+    with EmulatedCluster(num_hosts=c.num_hosts, force_localhost=True) as cluster:
+        results = launch_pair.run_jobs(cluster, commands, mode="concurrent",
+                                       log_dir=str(tmp_path / "logs"), timeout_s=300.0)
+    launch_pair.raise_on_failure(results, "unequal jobs")
+    stats = {job: JobStats.from_json(tmp_path / "tb" / job / "stats.json") for job in "AB"}
+    with pytest.raises(throughput.WindowTooShort, match=r"of job B's timed run \(need >= 50%\)"):
+        throughput.concurrent_aggregate(stats, 4)
+    _, per_job, window = throughput.concurrent_aggregate(stats, 4, share_exempt=["B"])
+    assert per_job["A"] * window / 32 == pytest.approx(9, abs=1)  # A's 10 timed steps
+
+
+def config_settings(overrides: dict) -> object:
+    """compare.py's resolved settings for these overrides (its defaults otherwise)."""
+    from experiments import config as config_lib
+    fresh = flags.FlagValues()
+    compare.define_flags(fresh)
+    return config_lib.resolve(fresh, compare.FLAG_NAMES, overrides, compare.validate, "compare")
 
 
 def test_scripts_sharing_flags_agree_on_their_types():
