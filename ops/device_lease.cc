@@ -24,7 +24,21 @@
 namespace crossover {
 namespace {
 
-constexpr uint64_t kMagic = 0x34564f53534f5243ULL;  // "CROSSOV4", bump on layout change
+// The segment's layout. The compatibility rule: the first 16 bytes (SegmentHeader) are the same
+// in every build from layout version 5 on, and a process uses a segment only if its magic,
+// layout version and size all equal its own. Any change to SharedLease below the header must
+// bump kLayoutVersion (the size alone can stay the same). A segment of any other layout is
+// replaced only when no process is live on it (see CheckReplaceable); while one is, opening
+// fails with an error naming both layouts. Versions 1-4 had no version field: their magic
+// was "CROSSOV<version>" and their size sat where the version is now (see ReadLayout).
+constexpr uint64_t kMagic = 0x5341454c534f5243ULL;  // "CROSLEAS": never changes
+#ifdef CROSSOVER_LEASE_TEST_LAYOUT_PAD
+constexpr uint32_t kLayoutVersion = 1005;  // a test build with another layout (ops/Makefile)
+#else
+constexpr uint32_t kLayoutVersion = 5;
+#endif
+constexpr uint64_t kLegacyMagicMask = 0x00ffffffffffffffULL;  // "CROSSOV" without the digit
+constexpr uint64_t kLegacyMagicPrefix = 0x00564f53534f5243ULL;
 constexpr size_t kTimelineCapacity = 16384;
 constexpr int64_t kNsPerS = 1000000000;
 constexpr int64_t kPollNs = 20 * 1000 * 1000;        // liveness re-check period while waiting
@@ -33,6 +47,10 @@ constexpr int64_t kReleaseLockBoundNs = 10 * kNsPerS;  // internal-lock wait whe
 constexpr int64_t kLockGraceNs = 200 * 1000 * 1000;  // internal-lock wait past a passed deadline
 constexpr int kOpenAttempts = 100;                   // bound on replace-and-retry rounds
 constexpr off_t kSlotLockBase = 1 << 20;             // slot i's lock byte: kSlotLockBase + i
+// Every process that uses the segment holds a read lock on this byte from before it lets
+// other openers in (flock) until it closes the segment, so that it counts as live to an opener
+// of another layout even before it has claimed a slot.
+constexpr off_t kPresenceLockByte = kSlotLockBase - 1;
 
 int64_t NowNs(clockid_t clock) {
   timespec ts;
@@ -65,9 +83,19 @@ struct TurnEntry {
   int64_t done;     // turns finished here; the next one is offset + done
 };
 
-struct SharedLease {
+// The first bytes of every segment, whatever its layout version (see kLayoutVersion).
+struct SegmentHeader {
   std::atomic<uint64_t> magic;  // written last by the creator: the segment is initialised
+  uint32_t layout_version;
   uint32_t struct_size;
+};
+static_assert(sizeof(SegmentHeader) == 16, "the header is fixed across layout versions");
+
+struct SharedLease {
+  SegmentHeader header;  // first: at offset 0 in every layout
+#ifdef CROSSOVER_LEASE_TEST_LAYOUT_PAD
+  char test_pad[CROSSOVER_LEASE_TEST_LAYOUT_PAD];
+#endif
   pthread_mutex_t mu;              // robust, process-shared
   std::atomic<uint32_t> wake_seq;  // futex word: bumped on every release and repair
   std::atomic<int32_t> locker_pid; // who took mu last (for the "stuck inside" message)
@@ -134,7 +162,7 @@ bool WaiterQueue::Remove(uint64_t ticket) {
   return true;
 }
 
-int WaiterQueue::Repair(const std::function<bool(const Owner&)>& alive) {
+int WaiterQueue::Repair(const std::function<bool(const Owner&)>& alive, int64_t now_mono_ns) {
   int dropped = 0;
   if (size < 0 || size > kMaxWaiters) {
     dropped += size < 0 ? 0 : size - kMaxWaiters;
@@ -145,7 +173,7 @@ int WaiterQueue::Repair(const std::function<bool(const Owner&)>& alive) {
     const Waiter& w = entries[i];
     bool duplicate = false;
     for (int j = 0; j < kept && !duplicate; ++j) duplicate = entries[j].ticket == w.ticket;
-    if (w.ticket == 0 || duplicate || !alive(w.who)) {
+    if (w.ticket == 0 || duplicate || w.deadline_mono_ns < now_mono_ns || !alive(w.who)) {
       ++dropped;
       continue;
     }
@@ -211,7 +239,8 @@ uint64_t RandomNonce() {
 
 LeaseStatus InitShared(SharedLease* s) {
   memset(static_cast<void*>(s), 0, sizeof(SharedLease));
-  s->struct_size = sizeof(SharedLease);
+  s->header.layout_version = kLayoutVersion;
+  s->header.struct_size = sizeof(SharedLease);
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -219,7 +248,7 @@ LeaseStatus InitShared(SharedLease* s) {
   const int rc = pthread_mutex_init(&s->mu, &attr);
   pthread_mutexattr_destroy(&attr);
   if (rc != 0) return LeaseStatus::Error(LeaseCode::kInternal, "pthread_mutex_init failed");
-  s->magic.store(kMagic, std::memory_order_release);
+  s->header.magic.store(kMagic, std::memory_order_release);
   return LeaseStatus::Ok();
 }
 
@@ -271,6 +300,93 @@ bool NameRefersTo(const std::string& name, const struct stat& st) {
          named.st_dev == st.st_dev;
 }
 
+// A segment's layout as its header tells it, read without mapping it (it may be any size).
+struct Layout {
+  off_t size = 0;
+  uint64_t magic = 0;
+  uint32_t version = 0;  // 0: unknown
+  bool legacy = false;   // a header from before layout version 5
+};
+
+Layout OurLayout() { return Layout{sizeof(SharedLease), kMagic, kLayoutVersion, false}; }
+
+Layout ReadLayout(int fd, off_t size) {
+  Layout found;
+  found.size = size;
+  SegmentHeader header{};
+  if (size < static_cast<off_t>(sizeof(header)) ||
+      pread(fd, &header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
+    return found;
+  }
+  found.magic = header.magic.load();
+  found.legacy = (found.magic & kLegacyMagicMask) == kLegacyMagicPrefix;
+  const char digit = static_cast<char>(found.magic >> 56);  // "CROSSOV<digit>"
+  if (found.legacy && digit >= '1' && digit <= '9') {
+    found.version = static_cast<uint32_t>(digit - '0');
+  } else if (found.magic == kMagic) {
+    found.version = header.layout_version;
+  }
+  return found;
+}
+
+std::string Describe(const Layout& l) {
+  char magic[32];
+  snprintf(magic, sizeof(magic), "0x%016llx", static_cast<unsigned long long>(l.magic));
+  std::string text = std::to_string(l.size) + " bytes, magic " + magic + ", layout version ";
+  if (l.version == 0) return text + "unknown (not a lease header)";
+  text += std::to_string(l.version);
+  return l.legacy ? text + " (legacy header without a version field)" : text;
+}
+
+// Who is live on a segment of another layout: any fcntl lock (OFD or POSIX) on any byte of
+// the file. The layout's slot bytes may lie anywhere, so the whole file is tested: every
+// build since slot locks (layout 2) locks a byte per process, and from layout 5 on also the
+// presence byte. (Layout 1 judged liveness by pid and took no locks: its users cannot be seen.) The opener's fd is a fresh open file description with no locks of its own,
+// so its own locks never count. Empty if nobody is (or the answer is unknown: then it says).
+std::string LiveProcess(int fd) {
+  struct flock fl = {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = 0;
+  fl.l_len = 0;  // to the end of the file and past it
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return Errno("cannot test its locks (F_OFD_GETLK)");
+  if (fl.l_type == F_UNLCK) return "";
+  if (fl.l_pid > 0) return "pid " + std::to_string(fl.l_pid) + " holds a lock on it";
+  return "a process holds a lock on its byte " + std::to_string(fl.l_start) +
+         " (an open-file-description lock: its pid is not known)";
+}
+
+// A segment that is not of our layout may be replaced only if nobody is live on it: its
+// users would otherwise keep their own lease on the unlinked inode while we start another,
+// and one process of each build could hold the device at once.
+LeaseStatus CheckReplaceable(int fd, const std::string& name, off_t size) {
+  const std::string live = LiveProcess(fd);
+  if (live.empty()) return LeaseStatus::Ok();
+  return LeaseStatus::Error(
+      LeaseCode::kPermissionDenied,
+      "lease segment " + SegmentPath(name) + " has another layout (found " +
+          Describe(ReadLayout(fd, size)) + "; this build expects " + Describe(OurLayout()) +
+          ") and is in use: " + live + ". Jobs built from another version of crossover_tf "
+          "share this device; stop them (or let them finish) before starting this one, or use "
+          "another group name");
+}
+
+// Marks this open file description as live on the segment (see kPresenceLockByte).
+bool HoldPresence(int fd) {
+  struct flock fl = {};
+  fl.l_type = F_RDLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = kPresenceLockByte;
+  fl.l_len = 1;
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0;
+}
+
+bool IsOurLayout(const SharedLease* s) {
+  return s->header.magic.load(std::memory_order_acquire) == kMagic &&
+         s->header.layout_version == kLayoutVersion &&
+         s->header.struct_size == sizeof(SharedLease);
+}
+
 // Opens, creates or replaces the segment. Everything that decides what the segment is happens
 // under flock() on its inode, so concurrent starters agree on one segment: a creator holds the
 // lock until the segment is initialised, and only the holder of the lock on the inode the
@@ -309,8 +425,11 @@ LeaseStatus OpenSegment(const std::string& name, int* fd_out, SharedLease** shar
           return fail(status);
         }
       }
-      if (s->magic.load(std::memory_order_acquire) == kMagic &&
-          s->struct_size == sizeof(SharedLease)) {
+      if (IsOurLayout(s)) {
+        if (!HoldPresence(fd)) {  // nobody takes a write lock on that byte; never expected
+          munmap(p, sizeof(SharedLease));
+          return fail(Internal("locking the presence byte of " + name));
+        }
         flock(fd, LOCK_UN);
         *fd_out = fd;
         *shared_out = s;
@@ -318,10 +437,12 @@ LeaseStatus OpenSegment(const std::string& name, int* fd_out, SharedLease** shar
       }
       munmap(p, sizeof(SharedLease));
     }
-    // Another layout, garbage, or a creator that died before finishing: nobody can be using
-    // it as a lease of this version, and we hold the lock of the inode the name refers to.
+    // Another layout, garbage, or a creator that died before finishing. We hold the lock of
+    // the inode the name refers to; replace it unless a process is live on it.
+    status = CheckReplaceable(fd, name, st.st_size);
+    if (!status.ok()) return fail(status);
     warnings->push_back("replacing stale or incompatible segment " + SegmentPath(name) +
-                        " (" + std::to_string(st.st_size) + " bytes)");
+                        " (" + Describe(ReadLayout(fd, st.st_size)) + "; nobody uses it)");
     shm_unlink(name.c_str());
     close(fd);
   }
@@ -396,7 +517,9 @@ class DeviceLease::Locked {
       s_->holder = Owner{};
       ++repaired;
     }
-    repaired += s_->queue.Repair([this](const Owner& o) { return lease_->Alive(o); });
+    // Expired entries go too: a waiter that could not take this lock by its deadline (a
+    // process stopped inside it) returned without removing its ticket, and lives on.
+    repaired += s_->queue.Repair([this](const Owner& o) { return lease_->Alive(o); }, MonoNs());
     for (int i = 0; i < kMaxTurnJobs; ++i) {
       TurnEntry& e = s_->turns[i];
       if (e.state != kTurnFree && !lease_->Alive(e.who)) {
@@ -602,6 +725,7 @@ void DeviceLease::ForgetIdentityAfterForkLocked() {
   if (fresh >= 0) {
     dup3(fresh, lock_fd_, O_CLOEXEC);
     close(fresh);
+    HoldPresence(lock_fd_);  // the new description has none; best effort, the slot follows
   } else {
     close(lock_fd_);
     lock_fd_ = -1;
@@ -687,10 +811,12 @@ LeaseStatus DeviceLease::WaitForTurn(Locked* locked, const Owner& me, int32_t pr
       if (ticket) s->queue.Remove(ticket);
       return LeaseStatus::Ok();
     }
+    const int64_t now = MonoNs();
+    if (ticket && position < 0 && now >= deadline) return TimeoutError(timeout_s, me);  // expired
     if (ticket == 0 || position < 0) {  // queue up (again, if our entry was dropped)
       if (ticket) locked->Warn("a waiter's queue entry of " + name_ + " vanished; requeueing");
       ticket = ++s->next_ticket;
-      if (!s->queue.Push(Waiter{me, ticket, WallNs(), priority})) {
+      if (!s->queue.Push(Waiter{me, ticket, WallNs(), priority, deadline})) {
         return LeaseStatus::Error(
             LeaseCode::kResourceExhausted,
             "crossover lease " + name_ + " already has " + std::to_string(kMaxWaiters) +
@@ -700,7 +826,6 @@ LeaseStatus DeviceLease::WaitForTurn(Locked* locked, const Owner& me, int32_t pr
       *contended = true;
       continue;
     }
-    const int64_t now = MonoNs();
     if (now >= deadline) {
       s->queue.Remove(ticket);
       return TimeoutError(timeout_s, me);
@@ -709,8 +834,13 @@ LeaseStatus DeviceLease::WaitForTurn(Locked* locked, const Owner& me, int32_t pr
     locked->Unlock();
     const timespec wait = ToTimespec(std::min(kPollNs, deadline - now));
     Futex(&s->wake_seq, FUTEX_WAIT, seq, &wait);
+    // On failure our ticket stays, but it carries our deadline: a timed-out Lock has waited
+    // past it, so the ticket has expired already (and any other failure leaves a lease that
+    // is unusable anyway, the ticket expiring at the deadline). The next process to take the
+    // lock drops it (DropDead), whoever that is, without waiting for this thread to return,
+    // so no process-local record of it is needed.
     LeaseStatus status = locked->Lock(deadline);
-    if (!status.ok()) return status;  // our entry stays until a repair drops it: we live on
+    if (!status.ok()) return status;
   }
 }
 

@@ -11,12 +11,17 @@
 //  * One segment per name: creating, validating and replacing a segment happen under flock() on
 //    the segment's inode, and a stale segment is unlinked only after checking that the name
 //    still refers to the inode we locked. Two starters can never end up on different segments.
+//  * Builds of another segment layout on the same device (jobs of two versions): the layout
+//    version sits in a fixed header, and a segment of another layout is replaced only when no
+//    process holds a lock on any byte of it; while one does, opening fails naming both layouts.
 //  * Liveness that holds across PID namespaces (containers with a shared /dev/shm): each
 //    process owns a slot whose byte it locks with an open-file-description lock on the segment.
 //    The kernel drops that lock when the process dies, whatever namespace either side is in, so
 //    "dead" is never guessed from a pid that may belong to another namespace.
 //  * FIFO hand-off: every waiting thread has its own ticket in a queue; a process that releases
-//    and acquires again goes behind every waiting peer, so N contending jobs take turns.
+//    and acquires again goes behind every waiting peer, so N contending jobs take turns. A
+//    ticket expires at its waiter's deadline, so a waiter that could not even take the
+//    internal lock to remove it leaves no ghost in the queue.
 //  * Bounded waits: acquire has a timeout, and so does the wait for the internal mutex (a
 //    process stopped inside it, e.g. Ctrl-Z, gives a clear error, not a hang).
 //  * fork(): a child never inherits its parent's hold; it gets its own identity on first use.
@@ -155,6 +160,9 @@ struct Waiter {
   uint64_t ticket = 0;
   int64_t since_wall_ns = 0;
   int32_t priority = kNormal;
+  // CLOCK_MONOTONIC (one clock for every process of the host) time at which the waiter gives
+  // up. Past it the entry stands for nobody: its owner times out as soon as it runs again.
+  int64_t deadline_mono_ns = 0;
 };
 
 // The FIFO of waiting threads. It lives in shared memory and may be left half-updated by a
@@ -168,9 +176,9 @@ struct WaiterQueue {
                                         // when full
   bool Remove(uint64_t ticket);         // removes only that ticket; false if absent
   int Index(uint64_t ticket) const;     // -1 if absent
-  // Clamps the size, drops entries of dead owners and duplicate tickets; returns how many
-  // entries it dropped.
-  int Repair(const std::function<bool(const Owner&)>& alive);
+  // Clamps the size, drops entries of dead owners, duplicate tickets and entries whose
+  // deadline is before now_mono_ns; returns how many entries it dropped.
+  int Repair(const std::function<bool(const Owner&)>& alive, int64_t now_mono_ns);
 };
 
 struct SharedLease;  // layout in shared memory; defined in device_lease.cc

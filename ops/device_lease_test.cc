@@ -158,19 +158,27 @@ void TestQueueRepair() {
     WaiterQueue half{};
     half.size = 3;
     for (int i = 0; i < 3; ++i) half.entries[i] = W(10 + left[i], left[i]);
-    EXPECT(half.Repair(all_alive) == 1, "one duplicate expected");
+    EXPECT(half.Repair(all_alive, 0) == 1, "one duplicate expected");
     EXPECT(half.size == 2 && half.entries[0].ticket == 2 && half.entries[1].ticket == 3,
            "repaired queue is not [B, C]");
   }
   WaiterQueue dead{};
   dead.Push(W(1, 1));
   dead.Push(W(2, 2));
-  EXPECT(dead.Repair([](const Owner& o) { return o.nonce != 1; }) == 1, "dead entry kept");
+  EXPECT(dead.Repair([](const Owner& o) { return o.nonce != 1; }, 0) == 1, "dead entry kept");
   EXPECT(dead.size == 1 && dead.entries[0].ticket == 2, "wrong survivor");
   WaiterQueue garbage{};
   garbage.size = 1000;
-  garbage.Repair(all_alive);
+  garbage.Repair(all_alive, 0);
   EXPECT(garbage.size == 0, "impossible size not repaired");
+  WaiterQueue expiring{};  // a live waiter's entry past its deadline stands for nobody
+  for (uint64_t t = 1; t <= 2; ++t) {
+    Waiter w = W(t, t);
+    w.deadline_mono_ns = 1000 * t;
+    expiring.Push(w);
+  }
+  EXPECT(expiring.Repair(all_alive, 1500) == 1, "expired entry kept");
+  EXPECT(expiring.size == 1 && expiring.entries[0].ticket == 2, "wrong survivor");
   WaiterQueue full{};
   for (int i = 0; i < kMaxWaiters; ++i) EXPECT(full.Push(W(1, i + 1)), "push");
   EXPECT(!full.Push(W(1, 999)), "pushed past capacity");
@@ -626,6 +634,97 @@ void TestDeadOrPausedPeer() {
   munmap(log, sizeof(TurnLog));
 }
 
+// A waiter whose wait for the internal lock times out (a process stopped inside it, then
+// killed) must leave no ticket behind: once the holder lets go, a fresh process gets the lease
+// at once, and so does the waiter itself, instead of queueing behind a ghost until it exits.
+void TestWaiterStuckOnInternalLockLeavesNoTicket() {
+  TestGroup g("ghost");
+  auto lease = g.Open();  // the waiter, W
+  HolderChild holder(g);  // H
+  LeaseStatus first;
+  std::thread waiter([&] { first = lease->Acquire(1.5, 0); });
+  WaitForQueue(*lease, 1);
+  const pid_t stopped = fork();  // S: stops inside the internal lock while W waits
+  if (stopped == 0) {
+    auto mine = g.Open();
+    LeaseTestHooks::LockInternal(*mine);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(stopped, &status, WUNTRACED);
+  waiter.join();
+  kill(stopped, SIGKILL);
+  waitpid(stopped, nullptr, 0);
+  EXPECT(WIFSTOPPED(status), "S did not stop");
+  EXPECT(first.code == LeaseCode::kDeadlineExceeded && Contains(first.message, "internal lock"),
+         "W did not time out on the internal lock: " << first.message);
+  EXPECT(holder.LetGo() == 0, "holder");
+  double start = MonoS();
+  EXPECT(InChild([&] {
+           const LeaseStatus s = g.Open()->Acquire(2.0, 0);
+           if (!s.ok()) fprintf(stderr, "fresh acquire: %s\n", s.message.c_str());
+           return s.ok() ? 0 : 1;
+         }) == 0,
+         "a fresh process could not acquire the free lease (a ghost ticket?)");
+  EXPECT(MonoS() - start < 1.0, "the fresh acquire took " << MonoS() - start << " s");
+  start = MonoS();
+  const LeaseStatus again = lease->Acquire(2.0, 0);
+  EXPECT(again.ok(), "W's own next acquire: " << again.message);
+  EXPECT(MonoS() - start < 1.0, "W's next acquire took " << MonoS() - start << " s");
+  EXPECT(LeaseTestHooks::Queue(*lease).size == 0, "tickets left in the queue");
+  lease->Release();
+}
+
+// A segment of an older layout (legacy header, 4800 bytes) that a live process of that build
+// still uses, shown by a lock on a byte where that build kept its slots: it must be refused
+// with both layouts named, and left as it is; once that process is gone it is replaced.
+void TestOlderLayoutInUseIsRefused() {
+  TestGroup g("oldlayout");
+  const int fd = open(g.Path().c_str(), O_CREAT | O_RDWR, 0600);
+  EXPECT(fd >= 0 && ftruncate(fd, 4800) == 0, "planting " << g.Path());
+  const char legacy[12] = {'C', 'R', 'O', 'S', 'S', 'O', 'V', '3', '\xc0', '\x12', 0, 0};
+  EXPECT(pwrite(fd, legacy, sizeof(legacy), 0) == sizeof(legacy), "pwrite");
+  close(fd);
+  int go[2], ready[2];
+  EXPECT(pipe(go) == 0 && pipe(ready) == 0, "pipe");
+  const pid_t user = fork();  // the old build's process: a slot lock, nothing else
+  if (user == 0) {
+    const int mine = open(g.Path().c_str(), O_RDWR);
+    struct flock fl = {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (1 << 20) + 3;
+    fl.l_len = 1;
+    char byte = 'r';
+    if (mine < 0 || fcntl(mine, F_OFD_SETLK, &fl) != 0 || write(ready[1], &byte, 1) != 1) {
+      _exit(1);
+    }
+    alarm(30);
+    _exit(read(go[0], &byte, 1) == 1 ? 0 : 1);
+  }
+  char byte;
+  EXPECT(read(ready[0], &byte, 1) == 1, "the old build's process did not start");
+  std::shared_ptr<DeviceLease> lease;
+  const LeaseStatus refused = DeviceLease::Get(g.group, g.key, &lease);
+  struct stat st;
+  const bool kept = stat(g.Path().c_str(), &st) == 0 && st.st_size == 4800;
+  byte = 'g';
+  EXPECT(write(go[1], &byte, 1) == 1, "pipe");
+  int status = 0;
+  waitpid(user, &status, 0);
+  for (int p : {go[0], go[1], ready[0], ready[1]}) close(p);
+  EXPECT(refused.code == LeaseCode::kPermissionDenied &&
+             Contains(refused.message, "found 4800 bytes") &&
+             Contains(refused.message, "layout version 3 (legacy") &&
+             Contains(refused.message, "layout version 5") && Contains(refused.message, "in use"),
+         refused.message);
+  EXPECT(kept, "a segment in use was replaced");
+  const LeaseStatus replaced = DeviceLease::Get(g.group, g.key, &lease);
+  EXPECT(replaced.ok(), "not replaced once nobody used it: " << replaced.message);
+  EXPECT(lease->Acquire(1, 0).ok() && lease->Release().ok(), "acquire on the new segment");
+}
+
 const Test kTests[] = {
     {"validation", TestValidation},
     {"queue_repair", TestQueueRepair},
@@ -644,6 +743,9 @@ const Test kTests[] = {
     {"turns_alternate", TestTurnsAlternate},
     {"late_job_goes_first", TestLateJobGoesFirst},
     {"dead_or_paused_peer", TestDeadOrPausedPeer},
+    {"waiter_stuck_on_internal_lock_leaves_no_ticket",
+     TestWaiterStuckOnInternalLockLeavesNoTicket},
+    {"older_layout_in_use_is_refused", TestOlderLayoutInUseIsRefused},
 };
 
 }  // namespace

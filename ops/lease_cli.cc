@@ -12,6 +12,9 @@
 //   lease_cli priority GROUP SECONDS MICRO_US  a primary's steps alone, then beside a secondary
 //                                              that computes in micro-batches of MICRO_US
 //
+// build/lease_cli_other_layout is the same CLI built with another segment layout (ops/Makefile),
+// to run jobs of two builds against one segment.
+//
 // Every mode bounds its loops in count and time. The last line printed is a summary of
 // key=value pairs that the tests parse; the exit code is 0 unless the mode itself failed.
 #include <fcntl.h>

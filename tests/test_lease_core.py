@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from conftest import REPO_ROOT
 BUILD = REPO_ROOT / "ops" / "build"
 UNIT = BUILD / "device_lease_test"
 CLI = BUILD / "lease_cli"
+OTHER_LAYOUT_CLI = BUILD / "lease_cli_other_layout"  # another segment layout (ops/Makefile)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -205,3 +207,51 @@ def test_killing_one_of_three_jobs_leaves_the_others_running(tmp_path: pathlib.P
                  for s, e in (line.split() for line in outs[j].read_text().splitlines())]
     assert len(survivors) == 2 * 150
     _no_overlaps(survivors)
+
+
+_LAYOUTS = re.compile(r"found (\d+) bytes, magic 0x[0-9a-f]+, layout version (\d+); "
+                      r"this build expects (\d+) bytes, magic 0x[0-9a-f]+, layout version (\d+)")
+
+
+def _acquire_with(cli: pathlib.Path, group: str, timeout_s: str,
+                  out: pathlib.Path) -> tuple[subprocess.CompletedProcess, str]:
+    """One `lease_cli acquire` of `cli`'s build: the process, and what it wrote (empty if it
+    never got as far as acquiring)."""
+    proc = subprocess.run([str(cli), "acquire", group, "dev", timeout_s, str(out)],
+                          capture_output=True, text=True, timeout=60)
+    return proc, out.read_text() if out.exists() else ""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("first,second", [(CLI, OTHER_LAYOUT_CLI), (OTHER_LAYOUT_CLI, CLI)],
+                         ids=["current-holds", "other-layout-holds"])
+def test_other_layout_is_refused_while_in_use(tmp_path: pathlib.Path, lease_group: str,
+                                              first: pathlib.Path, second: pathlib.Path) -> None:
+    """Jobs of two builds with different segment layouts on one device: the second build must
+    not replace the segment the first still uses (each would then hold its own lease), but
+    may take it over once the first is gone."""
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen([str(first), "hold", lease_group, "dev", str(ready)],
+                              start_new_session=True)
+    try:
+        _wait_for(ready, 30)
+        refused, refused_out = _acquire_with(second, lease_group, "1", tmp_path / "refused")
+        _, same_build = _acquire_with(first, lease_group, "0.5", tmp_path / "same_build")
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+        taken, taken_out = _acquire_with(second, lease_group, "5", tmp_path / "taken")
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+    assert refused.returncode == 2 and not refused_out, (
+        f"the other build got past the live segment: {refused_out!r} {refused.stderr}")
+    layouts = _LAYOUTS.search(refused.stderr)
+    assert layouts and "in use" in refused.stderr, refused.stderr
+    found_size, found_version, own_size, own_version = map(int, layouts.groups())
+    assert abs(found_version - own_version) == 1000, layouts  # the other build: +1000
+    assert abs(found_size - own_size) == 64, layouts
+    assert same_build.startswith("error") and f"held by pid {holder.pid}" in same_build, (
+        f"the first build's holder lost the lease: {same_build!r}")
+    assert taken.returncode == 0 and taken_out.startswith("ok"), (taken_out, taken.stderr)
+    assert "replacing" in taken.stderr and "nobody uses it" in taken.stderr, taken.stderr
