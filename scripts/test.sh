@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this): install (cached), lint with
-# ruff (ruff.toml; a lint error fails the run), then pytest.
+# ruff (ruff.toml; a lint error fails the run), the Bazel build and C++ test of the op library
+# (scripts/bazel_check.sh: ~1 min warm; a SKIPPED line where neither Bazel nor apt is there;
+# CROSSOVER_BAZEL_CHECK=0 leaves it out), then pytest.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -8,6 +10,11 @@ VENV=${CROSSOVER_VENV:-$ROOT/.venv}
 bash "$ROOT/scripts/install.sh"
 cd "$ROOT"
 "$VENV/bin/ruff" check .
+if [ "${CROSSOVER_BAZEL_CHECK:-1}" = 0 ]; then
+  echo "SKIPPED: scripts/bazel_check.sh (CROSSOVER_BAZEL_CHECK=0)"
+else
+  bash "$ROOT/scripts/bazel_check.sh"
+fi
 set +e
 "$VENV/bin/python" -m pytest "$@"
 rc=$?
