@@ -22,6 +22,9 @@ class CrossoverTrainStepCallback(keras.callbacks.Callback):
     hook is in place for the very first step. It also gives the device back when training ends
     (or fails), so the next job never waits on us, and leaves the link turn whenever this job
     stops stepping (validation, the epoch's end callbacks), joining again for the next epoch.
+    Training's end leaves for good: the next fit joins at its first step, after its broadcast
+    and compile (first_step), not at its first epoch's begin. A fit that fails outside a step
+    skips on_train_end; keras_hooks.guard_fit leaves for it.
     """
 
     def __init__(self, strategy: "CrossoverStrategy"):

@@ -120,3 +120,9 @@ def _is_scalar(value: Any) -> bool:
 def allgather_objects(obj: Any) -> list[Any]:
     """Every rank's obj, in rank order (for configuration consistency checks)."""
     return hvd.allgather_object(obj, name="crossover_config_check")
+
+
+def barrier() -> None:
+    """Returns once every rank has called it (a tiny allgather: Horovod's TensorFlow API has
+    no barrier)."""
+    hvd.allgather_object(None, name="crossover_barrier")

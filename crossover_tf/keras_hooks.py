@@ -12,6 +12,7 @@ what they were traced with, so reusing one would train a stale optimizer or trai
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any, Callable
 
@@ -134,8 +135,38 @@ def _release_on_error(function: StepFunction, setup: CrossoverSetup, jit_compile
 
 
 def release(lease: DeviceLease | None, turn: LinkTurn | None) -> None:
-    """Gives up the device and leaves the link turn (each if there is one)."""
-    if turn is not None and turn.joined:
+    """Gives up the device and leaves the link turn (each if there is one), for good: a turn
+    left for a pause (the last epoch's end) is not resumed by the next fit's first epoch, which
+    would join before that fit's broadcast and compile; it joins at its first step instead."""
+    if turn is not None:
         turn.leave()
     if lease is not None:
         lease.release()
+
+
+def guard_fit(model_class: type = keras.Model) -> None:
+    """Makes model_class.fit (once per process) end out of the link turn and without the
+    device, however it ends, for models with crossover hooks installed; others are untouched.
+
+    Why: Keras 3's fit has no `finally`, so an error raised by a callback, or a Ctrl-C between
+    steps, skips both on_train_end and the train function's guard, and the peer job would
+    wait for our turn (up to link_turn_wait_s) on every allreduce for as long as this process
+    lives, as a notebook's kernel does. Why the class: our hooks are installed from inside fit
+    (Keras calls set_model while fit builds its callbacks), too late to wrap the call already
+    running; the class's fit is wrapped before the first one starts.
+    """
+    fit = model_class.fit
+    if getattr(fit, "_crossover_guarded", False):
+        return
+
+    @functools.wraps(fit)
+    def fit_then_release(model: keras.Model, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fit(model, *args, **kwargs)
+        finally:
+            setup = model.__dict__.get("_crossover_setup")
+            if setup is not None:
+                release(setup.lease, setup.turn)
+
+    fit_then_release._crossover_guarded = True
+    model_class.fit = fit_then_release

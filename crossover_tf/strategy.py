@@ -56,6 +56,14 @@ class CrossoverStrategy:
       link_turn_jobs: how many jobs the group has (every job must say the same).
       link_turn_wait_s: the longest one allreduce waits for another job's earlier one (a
         peer paused outside a step, e.g. saving a checkpoint); then it runs anyway.
+        link_turn needs priority="normal" (lease.link_turn says why).
+
+    Contract for the model: its forward and backward pass (layers, losses, metrics) must run no
+    collective, such as a Horovod allreduce inside a synchronized BatchNorm. They run while this
+    rank holds the device lease, so such a collective would hold the device while it waits for
+    the job's other ranks: the peer job waits meanwhile, and crossed over several hosts the
+    waits can form a cycle that only lease_timeout_s breaks. With jit_compile=True, XLA refuses
+    such ops (they have no XLA kernels); with jit off nothing detects them.
     """
 
     def __init__(self, group: str | None = "", *, device_key: str | None = None,
@@ -78,6 +86,7 @@ class CrossoverStrategy:
         if link_turn is not None:
             lease_lib.validate_turn(link_turn, link_turn_jobs)
             lease_lib.validate_timeout(link_turn_wait_s)
+            lease_lib.validate_turn_priority(priority)
             if not self.group:
                 raise ValueError("crossover_tf: link_turn orders the allreduces of a crossover "
                                  "group's jobs; it needs a group")
@@ -91,8 +100,10 @@ class CrossoverStrategy:
         self.lease = (lease_lib.DeviceLease(self.group, self.device_key, lease_timeout_s,
                                             priority) if self.group else None)
         self.turn = (lease_lib.LinkTurn(self.lease, link_turn, link_turn_jobs,
-                                        self._agree_on_min, link_turn_wait_s)
+                                        self._agree_on_min, link_turn_wait_s, self._barrier)
                      if self.lease is not None and link_turn is not None else None)
+        if self.lease is not None:
+            keras_hooks.guard_fit()  # a fit that fails between steps must still leave
         self.priority = priority
         self.micro_batches = micro_batches
         self.step_end_reserve_s = primary_reserve_s if priority == "primary" else 0.0
@@ -252,6 +263,11 @@ class CrossoverStrategy:
     def _agree_on_min(self, value: int) -> int:
         """The smallest of every rank's value (a collective: the job's ranks agree on it)."""
         return min(collectives.allgather_objects(value)) if self.size > 1 else value
+
+    def _barrier(self) -> None:
+        """Returns once every rank of the job has called it (a collective)."""
+        if self.size > 1:
+            collectives.barrier()
 
     def _configure_devices(self, configure: bool) -> int | None:
         """Pins this rank's GPU (before TF initialises devices); returns its CUDA ordinal."""

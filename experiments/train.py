@@ -105,8 +105,9 @@ def validate(c: Any) -> None:
     config_lib.require(c.link_turn < 0 or bool(c.group),
                        "link_turn orders a crossover group's allreduces: set --group too")
     if c.link_turn >= 0:
-        from crossover_tf.lease.link_turn import validate_turn
+        from crossover_tf.lease.link_turn import validate_turn, validate_turn_priority
         validate_turn(c.link_turn, c.link_turn_jobs)
+        validate_turn_priority(c.priority)
 
 
 def settings(flag_values: flags.FlagValues = flags.FLAGS,

@@ -25,6 +25,7 @@ def _flags():
     ({"dataset": "imagenet3000"}, "imagenet3000"),
     ({"warmup_steps": 50, "steps": 50}, "warmup_steps must be in"),
     ({"stepz": 3}, "unknown setting(s) ['stepz']"),
+    ({"group": "g", "link_turn": 0, "priority": "primary"}, "cannot be combined with link_turn"),
 ])
 def test_train_rejects_bad_settings_clearly(overrides, message):
     with pytest.raises(ValueError) as err:

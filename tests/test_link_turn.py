@@ -18,9 +18,11 @@ from test_strategy import WORKER, _check, _load, assert_trains_like_reference
 STEPS, EPOCHS = 20, 2
 
 
-def _turn(group: str, position: int = 0, jobs: int = 2, agree=lambda n: n, wait_s: float = 5.0):
+def _turn(group: str, position: int = 0, jobs: int = 2, agree=lambda n: n, wait_s: float = 5.0,
+          barrier=lambda: None):
     from crossover_tf import lease as lease_lib
-    return lease_lib.LinkTurn(lease_lib.DeviceLease(group, "dev"), position, jobs, agree, wait_s)
+    return lease_lib.LinkTurn(lease_lib.DeviceLease(group, "dev"), position, jobs, agree, wait_s,
+                              barrier)
 
 
 @pytest.mark.parametrize("position, jobs", [(2, 2), (-1, 2), (0, 0), (0, 9), (True, 2),
@@ -64,6 +66,28 @@ def test_a_lone_job_takes_turns_without_waiting(lease_group):
     assert not turn.joined
 
 
+def test_join_lines_the_ranks_up_first_and_leaves_if_they_cannot_agree(lease_group):
+    """The proposal is read only after the barrier (a rank that came early would propose an
+    index the others have long passed); a join whose agreement fails leaves, so the provisional
+    offset it took meanwhile holds nobody up."""
+    import tensorflow as tf
+    calls = []
+    turn = _turn(lease_group, barrier=lambda: calls.append("barrier"),
+                 agree=lambda n: calls.append("agree") or n)
+    turn.join()
+    assert calls == ["barrier", "agree"] and turn.joined
+    turn.leave()
+
+    def fail(n: int) -> int:
+        raise KeyboardInterrupt
+    turn = _turn(lease_group, agree=fail)
+    with pytest.raises(KeyboardInterrupt):
+        turn.join()
+    assert not turn.joined
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not joined"):
+        turn.wait([tf.constant(1.0)])
+
+
 def test_a_second_job_at_the_same_position_is_refused(lease_group, child_env):
     """Two jobs claiming one position would silently share a slot in the order: an error."""
     turn = _turn(lease_group, position=1)
@@ -84,6 +108,15 @@ def test_strategy_checks_link_turn_settings():
         crossover_tf.CrossoverStrategy(group="g", link_turn=2, link_turn_jobs=2)
     with pytest.raises(ValueError, match="timeout"):
         crossover_tf.CrossoverStrategy(group="g", link_turn=0, link_turn_wait_s=0)
+
+
+@pytest.mark.parametrize("priority", ["primary", "secondary"])
+def test_priority_with_link_turn_is_refused(priority):
+    """Turns alternate strictly, so a primary's allreduce k would wait for its secondary's
+    k-1: priority and link turns contradict each other, and the strategy says so."""
+    import crossover_tf
+    with pytest.raises(ValueError, match="priority.*link_turn|link_turn.*priority"):
+        crossover_tf.CrossoverStrategy(group="g", link_turn=0, priority=priority)
 
 
 def _intervals(result: dict) -> np.ndarray:

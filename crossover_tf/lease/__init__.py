@@ -7,10 +7,11 @@ from crossover_tf.lease.device_lease import (MAX_RESERVE_S, MAX_TIMEOUT_S, PRIOR
                                              STATS_FIELDS, TAG_APPLY, TAG_COMPUTE, TAG_OTHER,
                                              DeviceLease, LeaseStats, validate_priority,
                                              validate_reserve, validate_timeout)
-from crossover_tf.lease.link_turn import LinkTurn, TurnStats, validate_turn
+from crossover_tf.lease.link_turn import (LinkTurn, TurnStats, validate_turn,
+                                          validate_turn_priority)
 from crossover_tf.lease.loader import load_library
 
 __all__ = ["MAX_RESERVE_S", "MAX_TIMEOUT_S", "PRIORITIES", "STATS_FIELDS", "TAG_APPLY",
            "TAG_COMPUTE", "TAG_OTHER", "DeviceLease", "LeaseStats", "LinkTurn", "TurnStats",
            "load_library", "validate_priority", "validate_reserve", "validate_timeout",
-           "validate_turn"]
+           "validate_turn", "validate_turn_priority"]

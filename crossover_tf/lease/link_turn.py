@@ -15,8 +15,14 @@ the allreduce runs anyway and the skip is counted.
 Joining is a collective of the job's own ranks: each reads the latest index that puts the
 job's first turn before the next turn of every job already turning on its host, and all adopt
 the smallest, so one job's ranks agree on its offset. A joining job thus goes first: the jobs
-already turning wait at most for its first allreduce, and it never waits for a peer that is
-momentarily not stepping (at a barrier, say).
+already turning wait at most for its agreement (a small allgather) and its first allreduce,
+and it never waits for a peer that is
+momentarily not stepping (at a barrier, say). The ranks read only once all of them have
+arrived, and hold the others still while they agree (LinkTurn.join says why and how).
+
+Priority classes (a primary and its secondaries) do not mix with turns: turns alternate
+strictly, so a primary's allreduce k would wait for its secondary's k-1, pacing the primary to
+the secondary (measured at lease level: 0.25 of its solo pace, 0.83 without turns).
 """
 from __future__ import annotations
 
@@ -42,6 +48,18 @@ def validate_turn(position: int, jobs: int) -> tuple[int, int]:
     return position, jobs
 
 
+def validate_turn_priority(priority: str) -> str:
+    """Refuses a lease priority other than "normal" for a job that takes link turns (see the
+    module docstring: turns would pace a primary to its secondary)."""
+    if priority != "normal":
+        raise ValueError(
+            f"crossover_tf: priority {priority!r} cannot be combined with link_turn: turns "
+            "alternate strictly, so a primary's allreduce would wait for its secondary's and "
+            "run at the secondary's pace. Use link_turn with priority='normal', or priority "
+            "without link_turn.")
+    return priority
+
+
 @dataclasses.dataclass(frozen=True)
 class TurnStats:
     """This process's link turns so far."""
@@ -60,15 +78,18 @@ class LinkTurn:
 
     wait(tensors) goes between the gradients and their allreduce, done(tensors) after it; both
     pass their tensors through, like the lease's acquire and release. agree maps this rank's
-    proposed offset to the job's common one (a min over the job's ranks).
+    proposed offset to the job's common one (a min over the job's ranks); barrier returns once
+    every rank of the job has called it (both collectives; with one rank, nothing to wait for).
     """
 
     def __init__(self, lease: DeviceLease, position: int, jobs: int,
-                 agree: Callable[[int], int], wait_s: float = 10.0):
+                 agree: Callable[[int], int], wait_s: float = 10.0,
+                 barrier: Callable[[], None] = lambda: None):
         self.lease = lease
         self.position, self.jobs = validate_turn(position, jobs)
         self.wait_s = validate_timeout(wait_s)
         self._agree = agree
+        self._barrier = barrier
         self._ops = load_library()
         self.joined = False   # taking turns now
         self._paused = False  # left for a pause of this fit; resume() joins again
@@ -77,17 +98,42 @@ class LinkTurn:
         return f"LinkTurn(position={self.position}, jobs={self.jobs}, wait_s={self.wait_s:g})"
 
     def join(self) -> int:
-        """Starts taking turns (a collective of the job's ranks); returns the agreed offset."""
+        """Starts taking turns (a collective of the job's ranks); returns the agreed offset.
+
+        The jobs already turning keep going while this job's ranks gather, so a proposal read
+        before they are all there, or taken only once they agreed, is stale by as many turns
+        as the others took meanwhile, and that many of our turns would come before their next
+        one (they would wait for our whole run, not for one allreduce). Hence, in order:
+        1. a barrier: the ranks reach the join seconds apart (compile, a rank-0 checkpoint);
+        2. each rank reads its host's proposal and takes it at once, for this host alone: the
+           others stop at their next turn (their allreduce needs this host too), so they cannot
+           run ahead while we agree. Our ranks may hold different offsets for that moment, but
+           take no turn in it;
+        3. the ranks agree on the smallest proposal and take it: one offset on every host.
+        If 3 fails (a rank died, Ctrl-C), this rank leaves rather than hold the others at 2.
+        """
+        self._barrier()
         proposal = int(self._ops.crossover_link_turn_join(position=self.position, jobs=self.jobs,
                                                           **self.lease.names))
-        offset = int(self._agree(proposal))
-        offset = 0 if offset >= UNCONSTRAINED else offset
-        self._ops.crossover_link_turn_start(offset, **self.lease.names)
+        self._start(proposal)
+        try:
+            offset = self._start(int(self._agree(proposal)))
+        except BaseException:
+            self.leave()
+            raise
         self.joined, self._paused = True, False
         return offset
 
+    def _start(self, offset: int) -> int:
+        """Takes turns from offset on (UNCONSTRAINED: nobody else turns here, so 0)."""
+        offset = 0 if offset >= UNCONSTRAINED else offset
+        self._ops.crossover_link_turn_start(offset, **self.lease.names)
+        return offset
+
     def leave(self) -> None:
-        """Stops taking turns: the other jobs no longer wait for this one."""
+        """Stops taking turns: the other jobs no longer wait for this one. Also ends a pause:
+        a later resume() is a no-op, so the next fit joins only at its first step (after its
+        broadcast and compile), not at its first epoch's begin. Safe when not joined."""
         self._ops.crossover_link_turn_leave(**self.lease.names)
         self.joined = self._paused = False
 
