@@ -126,3 +126,14 @@ def barrier() -> None:
     """Returns once every rank has called it (a tiny allgather: Horovod's TensorFlow API has
     no barrier)."""
     hvd.allgather_object(None, name="crossover_barrier")
+
+
+def allreduce_in_turn(allreduce: Callable[[Sequence[Any]], list[Any]], turn: Any,
+                      grads: list[Any]) -> list[Any]:
+    """allreduce(grads), after the other jobs' earlier allreduces when the job takes link
+    turns (`turn`, a LinkTurn; None: as they come). The Keras step and the custom-loop tape
+    both run their gradient allreduce through here."""
+    if turn is None:
+        return allreduce(grads)
+    grads = map_present(turn.wait, grads)
+    return map_present(turn.done, allreduce(grads))

@@ -40,6 +40,8 @@ class CrossoverSetup:
     micro_batches: int = 1  # >1: compute under one hold per micro-batch (priority mode)
     step_end_reserve_s: float = 0.0  # the step-end yield's reservation (a primary's)
     turn: LinkTurn | None = None  # the allreduce order among the group's jobs
+    # Averages a dict of scalars over the job's ranks (None: one rank); evaluate returns it.
+    average_logs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 def install(model: keras.Model, setup: CrossoverSetup) -> None:
@@ -67,6 +69,8 @@ def install(model: keras.Model, setup: CrossoverSetup) -> None:
         return wrap
 
     _hook(model, "train", train_step, train_function)
+    if setup.average_logs is not None:
+        _average_evaluate(model, setup.average_logs)
     if setup.lease is None:
         return
     for kind in ("test", "predict"):
@@ -98,6 +102,28 @@ def _hook(model: keras.Model, kind: str, make_step: Callable[[keras.Model], Step
 
     object.__setattr__(model, f"make_{kind}_function", make_function)
     setattr(model, attr, None)
+
+
+def _average_evaluate(model: keras.Model,
+                      average: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Shadows model.evaluate so that every rank returns the job's metrics, averaged over the
+    ranks as fit's epoch logs are (MetricAverage), in the form Keras returns: a scalar, a list
+    or, with return_dict=True, a dict. Each rank evaluates its own shard (and BatchNorm's
+    moving statistics are per rank), so without this two ranks report different numbers for
+    one model. A collective: every rank must call evaluate, as every rank calls fit."""
+    keras_evaluate = type(model).evaluate
+
+    @functools.wraps(keras_evaluate)
+    def evaluate(*args: Any, **kwargs: Any) -> Any:
+        result = keras_evaluate(model, *args, **kwargs)
+        if isinstance(result, dict):
+            return average(result)
+        values = result if isinstance(result, list) else [result]
+        averaged = average({str(i): v for i, v in enumerate(values)})
+        values = [averaged[str(i)] for i in range(len(values))]
+        return values if isinstance(result, list) else values[0]
+
+    object.__setattr__(model, "evaluate", evaluate)
 
 
 def _compiled_state(model: keras.Model) -> tuple[int, ...]:

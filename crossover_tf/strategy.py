@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from crossover_tf import callbacks, collectives, devices, keras_hooks
+from crossover_tf import callbacks, collectives, custom_loop, devices, keras_hooks
 from crossover_tf import lease as lease_lib
 
 
@@ -225,18 +225,35 @@ class CrossoverStrategy:
 
         fit with callbacks() does this; call it yourself before evaluate or predict on a model
         that has not been fit in this process (one just loaded, say), so those steps take the
-        device lease too.
+        device lease too, and evaluate returns the job's metrics (averaged over the ranks, as
+        fit's epoch logs are) on every rank.
         """
         sync_state = self.broadcast_variables if self.size > 1 else None
         keras_hooks.install(model, keras_hooks.CrossoverSetup(
             self.lease, self.synchronize_gradients, sync_state, self.micro_batches,
-            self.step_end_reserve_s, self.turn))
+            self.step_end_reserve_s, self.turn,
+            collectives.average_scalars if self.size > 1 else None))
 
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrites variables on every rank with root_rank's values (e.g. after restoring a
         checkpoint on rank 0 only). A collective; ranks must pass matching variable lists,
         otherwise every rank raises a ValueError naming the first mismatch."""
         collectives.broadcast_variables(variables, root_rank)
+
+    # ----- custom training loops -------------------------------------------------------------
+    def hold_device(self) -> custom_loop.DeviceHold:
+        """`with strategy.hold_device():` around a custom loop's step (forward, gradient(),
+        apply) holds the device for its compute; strategy.gradient_tape's gradient() yields it
+        for the allreduce. Without a group it does nothing (custom_loop explains the order)."""
+        return custom_loop.DeviceHold(self.lease, self.step_end_reserve_s)
+
+    def gradient_tape(self, tape: tf.GradientTape) -> custom_loop.CrossoverGradientTape:
+        """Wraps a tf.GradientTape as hvd.DistributedGradientTape does: gradient() averages
+        over the job's ranks, with the device yielded (and the link turn taken) for the
+        allreduce. Call its gradient() inside strategy.hold_device()."""
+        return custom_loop.CrossoverGradientTape(tape, self.synchronize_gradients,
+                                                 needs_hold=self.lease is not None,
+                                                 turn=self.turn)
 
     # ----- crossover -------------------------------------------------------------------------
     def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:

@@ -28,7 +28,7 @@ import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from crossover_tf.collectives import map_present
+from crossover_tf.collectives import allreduce_in_turn
 from crossover_tf.device_hold import as_unit, run_holding_device
 from crossover_tf import lease as lease_lib
 
@@ -76,17 +76,10 @@ class CrossoverTrainStep:
         for micro in self._micro_batches(data):
             grads, metrics = run_holding_device(self.lease, lease_lib.TAG_COMPUTE, self.compute,
                                                 *micro, grads)
-        grads = self._allreduce_in_turn(grads)
+        grads = allreduce_in_turn(self.allreduce, self.turn, grads)
         run_holding_device(self.lease, lease_lib.TAG_APPLY, self.apply, grads,
                            reserve_s=self.step_end_reserve_s)
         return metrics
-
-    def _allreduce_in_turn(self, grads: list[Any]) -> list[Any]:
-        """The allreduce, after the other jobs' earlier allreduces (with a link turn)."""
-        if self.turn is None:
-            return self.allreduce(grads)
-        grads = map_present(self.turn.wait, grads)
-        return map_present(self.turn.done, self.allreduce(grads))
 
     def compute_and_apply(self, data: Any) -> tf.Tensor:
         """compute then apply without lease or allreduce: what warm_up compiles."""

@@ -162,6 +162,11 @@ def test_user_script_crossed_behaves_as_plain_horovod(tmp_path, lease_group, chi
             assert c[name].keys() == p[name].keys()
             np.testing.assert_allclose(list(c[name].values()), list(p[name].values()),
                                        rtol=1e-6)
+    # evaluate returns the job's metrics on every rank (averaged over the ranks as fit's are),
+    # though each rank evaluates its own shard with its own BatchNorm moving statistics.
+    for name in ("evaluate", "reloaded_evaluate"):
+        for job in (crossed, plain):
+            assert job[0][name] == pytest.approx(job[1][name], rel=1e-12), name
     assert len(crossed[0]["history"]["val_loss"]) >= 2
     # Trainable weights agree across ranks; BatchNorm's moving statistics are per rank (README).
     _assert_same(crossed[0]["trainable"], crossed[1]["trainable"])
