@@ -63,7 +63,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from crossover_tf_planner import fluid
+from crossover_tf_planner import fluid, json_io
 from crossover_tf_planner.comm_cost import NO_CONTENTION, LinkContention
 from crossover_tf_planner.device_models import DeviceModel, device_model
 from crossover_tf_planner.policies import PREDICTED
@@ -281,8 +281,9 @@ def recommended(normalised: Mapping[str, float], min_gain: float = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
-class PairPrediction:
-    """What the planner predicts for one pair of jobs."""
+class PairPrediction(json_io.JsonResult):
+    """What the planner predicts for one pair of jobs (``crossover_tf_planner.recommend``'s
+    result: a scheduler reads its ``to_json``)."""
 
     job_a: str
     job_b: str
@@ -302,8 +303,14 @@ class PairPrediction:
     def best_policy(self) -> str:
         return self.policy
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_markdown(self) -> str:
+        """The recommendation in one sentence, then each policy's predicted throughput."""
+        rows = "\n".join(f"| {p} | {v:.3f} | {self.images_per_s[p]:.1f} |"
+                         for p, v in self.normalised.items())
+        turns = " (with link turns)" if self.policy == "crossover_turn" else ""
+        return (f"**{self.recommendation}**{turns} for {self.job_a} + {self.job_b}: "
+                f"{self.reason}.\n\n| policy | solo-job equivalents | images/s |\n"
+                f"|---|---|---|\n{rows}")
 
 
 def predict_pairs(pairs: Sequence[tuple[JobProfile, JobProfile]], *, min_gain: float = 0.05,

@@ -13,7 +13,10 @@ it; measured by experiments/comm_cpu.py. Plain Python, no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping, Sequence
+
+from crossover_tf_planner import json_io
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,13 @@ class LinkContention:
 
 
 NO_CONTENTION = LinkContention()
+
+
+def load_link_contention(path: str | os.PathLike) -> LinkContention:
+    """The LinkContention record a probe saved (plan.py --mode=contention's contention.json);
+    a bad file raises json_io.InputFileError naming it."""
+    with json_io.naming_the_file(path):
+        return LinkContention.from_dict(json_io.loads_text_or_file(path, "link contention"))
 
 
 def busy_s(spans: Sequence[tuple[float, float]]) -> float:

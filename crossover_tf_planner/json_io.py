@@ -5,10 +5,11 @@ Records are given either as JSON text or as a file path, so a caller can pass wh
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from typing import Any, Mapping, TypeVar
+from typing import Any, Iterator, Mapping, TypeVar
 
 Record = TypeVar("Record", bound="JsonRecord")
 
@@ -23,6 +24,25 @@ def loads_text_or_file(text_or_path: str | os.PathLike, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{what} is not valid JSON: {error}") from error
+
+
+class InputFileError(ValueError):
+    """A file given to the planner (a job's profile or stats, a contention record) that cannot
+    be what it should be; the message names the file and what is wrong in one line, so a
+    command line prints it instead of a traceback."""
+
+
+@contextlib.contextmanager
+def naming_the_file(path: str | os.PathLike) -> Iterator[None]:
+    """Turns a failure to read or check the record at ``path`` into an InputFileError that
+    names the file."""
+    try:
+        yield
+    except InputFileError:
+        raise
+    except (OSError, ValueError, TypeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise InputFileError(f"{os.fspath(path)}: {reason}") from error
 
 
 def write_text(text: str, path: str | os.PathLike | None) -> str:
@@ -53,15 +73,11 @@ def record_from_dict(cls: type[Record], data: Mapping[str, Any], what: str,
     return cls(**dict(data))
 
 
-class JsonRecord:
-    """Mixin for a dataclass kept as one JSON object (job stats, job profiles).
+class JsonResult:
+    """Mixin for a dataclass a caller only writes out (the planner's predictions and plans,
+    which a scheduler reads as JSON): ``to_dict`` and ``to_json``, dumped with ``json_style``
+    (keyword arguments of json.dumps)."""
 
-    A subclass names what it is (``record_kind``, for messages), which field names an instance
-    (``name_field``) and how it is dumped (``json_style``, keyword arguments of json.dumps).
-    """
-
-    record_kind = "record"
-    name_field = "name"
     json_style: dict[str, Any] = {}
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,6 +86,17 @@ class JsonRecord:
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """Serialises the record; also writes it to ``path`` when given."""
         return write_text(json.dumps(self.to_dict(), **self.json_style), path)
+
+
+class JsonRecord(JsonResult):
+    """Mixin for a dataclass kept as one JSON object (job stats, job profiles), read back too.
+
+    A subclass names what it is (``record_kind``, for messages) and which field names an
+    instance (``name_field``).
+    """
+
+    record_kind = "record"
+    name_field = "name"
 
     @classmethod
     def from_dict(cls: type[Record], data: Mapping[str, Any]) -> Record:

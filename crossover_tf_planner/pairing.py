@@ -13,24 +13,20 @@ import dataclasses
 import itertools
 from typing import Any, Sequence
 
-import networkx as nx
-
+from crossover_tf_planner import json_io
 from crossover_tf_planner.analytical import PairPrediction, predict_pairs
 from crossover_tf_planner.profile import JobProfile
 
 
 @dataclasses.dataclass(frozen=True)
-class PairingPlan:
-    """Chosen pairs (with their predictions) and the jobs left to run alone."""
+class PairingPlan(json_io.JsonResult):
+    """Chosen pairs (with their predictions) and the jobs left to run alone
+    (``crossover_tf_planner.pair``'s result: a scheduler reads its ``to_json``)."""
 
     pairs: list[PairPrediction]
     unpaired: list[str]
     total_gain: float
     candidates: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pairs": [p.to_dict() for p in self.pairs], "unpaired": self.unpaired,
-                "total_gain": self.total_gain, "candidates": self.candidates}
 
     def to_markdown(self) -> str:
         lines = ["| job A | job B | policy | gain vs sequential | gain vs naive |",
@@ -45,6 +41,9 @@ class PairingPlan:
 
 def match_gains(gains: dict[tuple[str, str], float]) -> list[tuple[str, str]]:
     """Maximum-weight matching of jobs on pair gains (only positive gains count)."""
+    # Imported here: the runtime (crossover_tf.ProfileCallback) imports the planner's profile
+    # records, and a job's environment need not have networkx (the `planner` extra).
+    import networkx as nx
     graph = nx.Graph()
     for (a, b), gain in gains.items():
         if a == b:

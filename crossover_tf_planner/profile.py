@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+import os
+from typing import Any, Sequence
 
 from crossover_tf_planner import json_io
 from crossover_tf_planner.job_stats import JobStats
@@ -119,10 +120,32 @@ def profile_from_train_stats(stats: JobStats, name: str | None = None, *,
                       images_per_step=float(stats.global_batch_size), source="measured")
 
 
-def load_profiles(paths: list[str]) -> list[JobProfile]:
-    """Loads several profile files; the names must be unique."""
-    profiles = [JobProfile.from_json(path) for path in paths]
+def profile_from_record(data: Any) -> JobProfile:
+    """A profile from a parsed JSON object of either kind a job writes: a job profile
+    (``name``, ``compute_s``, ...: crossover_tf.ProfileCallback, or by hand) or job stats
+    (``job``, ``step_time_s``, ...: experiments/train.py's stats.json), told apart by the field
+    that names each kind."""
+    if isinstance(data, dict) and JobStats.name_field in data:
+        return profile_from_train_stats(JobStats.from_dict(data))
+    if isinstance(data, dict) and JobProfile.name_field in data:
+        return JobProfile.from_dict(data)
+    raise ValueError(f"neither a {JobProfile.record_kind} (has '{JobProfile.name_field}', "
+                     f"'compute_s', 'comm_s') nor {JobStats.record_kind} (has "
+                     f"'{JobStats.name_field}', 'step_time_s', ...)")
+
+
+def load_profile(path: str | os.PathLike) -> JobProfile:
+    """Reads one job's profile from a profile file or a stats.json (``profile_from_record``);
+    whatever is wrong with the file raises json_io.InputFileError naming it."""
+    with json_io.naming_the_file(path):
+        return profile_from_record(json_io.loads_text_or_file(path, "file"))
+
+
+def load_profiles(paths: Sequence[str | os.PathLike]) -> list[JobProfile]:
+    """Loads several profile or stats files (``load_profile``); the names must be unique."""
+    profiles = [load_profile(path) for path in paths]
     names = [p.name for p in profiles]
     if len(set(names)) != len(names):
-        raise ValueError(f"job profile names must be unique, got {names}")
+        raise json_io.InputFileError(f"job profile names must be unique, got {names} (from "
+                                     f"{', '.join(os.fspath(p) for p in paths)})")
     return profiles

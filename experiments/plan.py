@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Mapping
 
 from absl import app, flags
 
-from crossover_tf_planner import analytical, cluster_sim, pairing, profile, sweep, validate
-from crossover_tf_planner.comm_cost import NO_CONTENTION, LinkContention
+from crossover_tf_planner import (analytical, cli, cluster_sim, pairing, profile, sweep,
+                                  validate)
+from crossover_tf_planner.comm_cost import NO_CONTENTION, LinkContention, load_link_contention
+from crossover_tf_planner.json_io import InputFileError
 from crossover_tf_planner.device_models import DEVICE_MODELS
 from experiments import config as config_lib
 
@@ -49,7 +52,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     (seed, out_dir) is shared."""
     define = config_lib.flag_definer(flag_values)
     define(flags.DEFINE_enum, "mode", "sweep", "What to plan.", enum_values=list(MODES))
-    define(flags.DEFINE_list, "profiles", [], "Job profile JSON files.")
+    define(flags.DEFINE_list, "profiles", [],
+           "Jobs' profile JSON files or stats.json files (told apart by their fields).")
     define(flags.DEFINE_string, "comparison", None, "compare.py JSON (validate mode).")
     define(flags.DEFINE_string, "out_dir", "runs/plan", "Where results are written.")
     define(flags.DEFINE_float, "min_gain", 0.05, "Least gain over sequential worth pairing.")
@@ -109,10 +113,7 @@ def _profiles(settings: Mapping[str, Any], at_least: int) -> list[profile.JobPro
 
 def _contention(s: Mapping[str, Any]) -> LinkContention | None:
     """--link_contention's record, or None when not given."""
-    if not s["link_contention"]:
-        return None
-    with open(s["link_contention"], encoding="utf-8") as handle:
-        return LinkContention.from_dict(json.load(handle))
+    return load_link_contention(s["link_contention"]) if s["link_contention"] else None
 
 
 def _recommend(s: Mapping[str, Any]) -> tuple[dict, str]:
@@ -123,14 +124,7 @@ def _recommend(s: Mapping[str, Any]) -> tuple[dict, str]:
                                          device_efficiency=s["device_efficiency"],
                                          model=s["device_model"],
                                          contention=_contention(s) or NO_CONTENTION)
-    rows = "\n".join(f"| {p} | {v:.3f} | {prediction.images_per_s[p]:.1f} |"
-                     for p, v in prediction.normalised.items())
-    turns = " (with link turns)" if prediction.policy == "crossover_turn" else ""
-    text = (f"**{prediction.recommendation}**{turns} for {prediction.job_a} + "
-            f"{prediction.job_b}: {prediction.reason}.\n\n"
-            f"| policy | solo-job equivalents | images/s |\n"
-            f"|---|---|---|\n{rows}")
-    return prediction.to_dict(), text
+    return prediction.to_dict(), prediction.to_markdown()
 
 
 def _pair(s: Mapping[str, Any]) -> tuple[dict, str]:
@@ -235,8 +229,14 @@ def run(flag_values: Any = None, overrides: Mapping[str, Any] | None = None) -> 
 
 
 def main(argv: list[str]) -> None:
+    """Prints the mode's markdown; a bad --profiles or --link_contention file ends with one
+    line naming it and exit status 2 (as crossover-plan does), not a traceback."""
     del argv
-    print(run(flags.FLAGS)["markdown"])
+    try:
+        print(run(flags.FLAGS)["markdown"])
+    except InputFileError as error:
+        print(f"plan: error: {error}", file=sys.stderr)
+        sys.exit(cli.EXIT_BAD_INPUT)
 
 
 if __name__ == "__main__":

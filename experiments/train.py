@@ -230,35 +230,14 @@ def _compiled_model(c: types.SimpleNamespace, strategy: Any) -> Any:
 
 def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
                records: list[dict[str, float]], start_ns: int, end_ns: int) -> JobStats:
-    """Timing of the steps after warm-up, and each phase's median from the lease timeline."""
-    import numpy as np
-
-    from crossover_tf import timeline
-    timed = records[c.warmup_steps:]
-    step_times = np.array([r["step_time_s"] for r in timed])
-    phases: dict[str, Any] = {}
-    if strategy.lease is not None:
-        events = np.asarray(strategy.lease.timeline(), dtype=np.int64).reshape(-1, 4)
-        phases_ns = timeline.step_phases(events)
-        phases["phases_ns"] = phases_ns.tolist()
-        phases["lease_events_ns"] = events.tolist()
-        for key, values in timeline.phase_durations(phases_ns[c.warmup_steps:]).items():
-            phases[key] = float(np.median(values)) if len(values) else float("nan")
-    if strategy.turn is not None:
-        phases["turn_events_ns"] = strategy.turn.timeline().tolist()
-    return JobStats(
-        job=c.job, group=c.group, rank=strategy.rank, size=strategy.size,
-        device_key=strategy.device_key, priority=c.priority, micro_batches=c.micro_batches,
-        model=c.model, dataset=c.dataset,
-        global_batch_size=c.global_batch_size, steps=len(records), timed_steps=len(timed),
-        jit_compile=bool(model.jit_compile), step_time_s=float(np.median(step_times)),
-        images_per_s=float(c.global_batch_size * len(timed) / step_times.sum()),
-        timed_wall_s=float(step_times.sum()), start_ns=start_ns, end_ns=end_ns,
-        cpu_s=float(np.mean([r["cpu_s"] for r in timed])),
-        losses=[r["loss"] for r in records], step_end_ns=[r["end_ns"] for r in records],
-        lease=strategy.lease_stats(), turn=strategy.turn_stats(),
-        peak_device_memory_mb=_peak_device_memory_mb(),
-        **phases)
+    """Timing of the steps after warm-up, and each phase's median from the lease timeline
+    (crossover_tf.job_record, the conversion ProfileCallback uses too)."""
+    from crossover_tf import job_record
+    return job_record.job_stats(
+        strategy, records, job=c.job, global_batch_size=c.global_batch_size,
+        warmup_steps=c.warmup_steps, start_ns=start_ns, end_ns=end_ns, group=c.group,
+        priority=c.priority, micro_batches=c.micro_batches, model=c.model, dataset=c.dataset,
+        jit_compile=bool(model.jit_compile), peak_device_memory_mb=_peak_device_memory_mb())
 
 
 def _peak_device_memory_mb() -> float | None:

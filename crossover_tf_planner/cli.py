@@ -1,0 +1,72 @@
+"""`crossover-plan`: the planner's command line for people and schedulers.
+
+    crossover-plan recommend a.json b.json [--json out.json]
+    crossover-plan pair a.json b.json c.json ... [--json out.json]
+
+Each file is what a job wrote: a profile (crossover_tf.ProfileCallback) or a stats.json
+(experiments/train.py). It prints the recommendation (markdown) and, with ``--json PATH``,
+writes the result's JSON there for a scheduler (``--json -``: JSON on stdout instead). A bad
+file ends with one line naming it and exit status 2. It lives in the planner, not in
+experiments/, because only crossover_tf* packages are installed, and imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from crossover_tf_planner import api
+from crossover_tf_planner.comm_cost import load_link_contention
+from crossover_tf_planner.device_models import DEVICE_MODELS
+from crossover_tf_planner.json_io import InputFileError
+from crossover_tf_planner.profile import load_profiles
+
+EXIT_BAD_INPUT = 2  # argparse's status for bad usage, so both kinds of mistake read the same
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="crossover-plan", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, nargs, what in (("recommend", 2, "two jobs: cross, shift, naive or do not pair"),
+                              ("pair", "+", "N jobs: which to pair")):
+        command = commands.add_parser(name, help=what)
+        command.add_argument("jobs", nargs=nargs, metavar="JOB.json",
+                             help="a job's profile or stats.json")
+        command.add_argument("--json", metavar="PATH",
+                             help="also write the result's JSON here ('-': stdout only)")
+        command.add_argument("--min-gain", type=float, default=0.05,
+                             help="least gain a more involved policy must show (0.05)")
+        command.add_argument("--device-model", choices=sorted(DEVICE_MODELS), default="gpu",
+                             help="how jobs share a device without a scheduler (gpu)")
+        command.add_argument("--link-contention", metavar="PATH",
+                             help="contention.json measured on the jobs' cluster "
+                                  "(default: a lossless link)")
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Runs one command; returns the exit status (0, or EXIT_BAD_INPUT for a bad file)."""
+    args = _parser().parse_args(argv)
+    options = {"min_gain": args.min_gain, "device_model": args.device_model}
+    try:
+        profiles = load_profiles(args.jobs)
+        if args.link_contention:
+            options["contention"] = load_link_contention(args.link_contention)
+    except InputFileError as error:
+        print(f"crossover-plan: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = (api.recommend(*profiles, **options) if args.command == "recommend"
+              else api.pair(profiles, **options))
+    if args.json == "-":
+        print(result.to_json())
+        return 0
+    print(result.to_markdown())
+    if args.json:
+        result.to_json(args.json)
+    return 0
+
+
+def main() -> None:
+    """The console script's entry point (setup.cfg: crossover-plan)."""
+    sys.exit(run())
