@@ -27,7 +27,8 @@ Whether crossing pays depends on what naive co-location gets, and that depends o
   device two contexts get together; the allreduce runs on the NIC and the host CPU, not on the
   device (``comm_on_device`` False). The link's measured contention applies as on a CPU (it is
   the network's, not the device's). Its parameters are not measured here: no GPU is available
-  to this project's CI, so the GPU check script (scripts/gpu_check.sh) is where to measure them.
+  to this project's CI. scripts/gpu_probe.sh measures them on any NVIDIA machine without
+  TensorFlow (ops/gpu_probe), and gpu_calibration.gpu_model turns its JSON into this model.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ GPU = DeviceModel(
     name="gpu", naive_sharing="fluid", device_efficiency=1.0, comm_on_device=False,
     source="NVIDIA Multi-Process Service docs (without MPS, kernels of different processes do "
            "not overlap and contexts are swapped): https://docs.nvidia.com/deploy/mps/index.html;"
-           " device_efficiency not measured")
+           " device_efficiency not measured (scripts/gpu_probe.sh, gpu_calibration)")
 DEVICE_MODELS = {model.name: model for model in (CPU, GPU)}
 
 
