@@ -114,12 +114,15 @@ def measured_normalised(data: Mapping[str, Any], profiles: tuple[JobProfile, ...
     return out
 
 
-def measured_winner(over_sequential: Mapping[str, float]) -> str:
-    """The measured winner, by one rule for every report (compare.md, sweep.md, the planner's
-    check): `recommend` on each pair scenario's aggregate images/s over the sequential pair's,
+def measured_winner(over_sequential: Mapping[str, float], min_gain: float = 0.05) -> str:
+    """The measured winner of one measurement by the planner's own rule (the planner's check:
+    a more involved policy must gain `min_gain`, as the recommendation it is checked against
+    must): `recommend` on each pair scenario's aggregate images/s over the sequential pair's,
     the ratios the tables show. The normalised sum the planner optimises weights each job by
-    its own solo rate instead, and can name another winner when the two solo runs differ."""
-    return recommend(over_sequential)[0]
+    its own solo rate instead, and can name another winner when the two solo runs differ.
+    Over several trials, experiments/trials.verdict decides by bootstrap intervals instead;
+    min_gain=0 names the faster policy of one trial."""
+    return recommend(over_sequential, min_gain)[0]
 
 
 def _aggregate_winner(measured_agg: Mapping[str, float]) -> str | None:

@@ -28,8 +28,9 @@ are run with the same model, data and settings as:
 Regime: crossing pays according to M/C, and C depends on the machine. Unless --bandwidth_mbit
 fixes the link, two short solo runs at two bandwidths fit M(B) = m0 + k/B (calibration.py) and
 the comparison runs at the bandwidth that gives --comm_to_compute; compare.json records the
-asked-for and the achieved M/C. --trials repeats every scenario, rotating their order each
-trial, and reports the median with min/max of every ratio. --sweep_comm_to_compute runs the
+asked-for and the achieved M/C. --trials repeats every scenario, in the orders of a Williams
+design (trials.py), and reports the median with min/max of every ratio and its bootstrap 95%
+interval (intervals.py), which the verdict rests on. --sweep_comm_to_compute runs the
 calibrated comparison at several ratios (one sub-directory each) and writes sweep.{json,md,png}.
 
 The table, JSON, markdown and PNG land in --out_dir; TensorBoard runs of every scenario land
@@ -57,7 +58,7 @@ FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps", 
               "sweep_comm_to_compute", "calibration_mbit", "calibration_timed_steps", "jobs",
               "secondary_micro_batches", "comm_cpu_probe", "contention_probe_seconds",
               "horovod_timelines", "scenario_env"]
-SCENARIOS = ("sequential", *scenarios.CONCURRENT)  # the order trials rotate
+SCENARIOS = ("sequential", *scenarios.CONCURRENT)  # the first trial's order
 MAX_TRIALS = 20
 MAX_SWEEP_POINTS = 8
 
@@ -103,7 +104,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "Asked-for M/C (allreduce over device time per step); the link bandwidth is "
            "calibrated to give it unless --bandwidth_mbit is set.")
     define(flags.DEFINE_integer, "trials", 1,
-           f"Runs of every scenario (1..{MAX_TRIALS}), order rotated each trial.")
+           f"Runs of every scenario (1..{MAX_TRIALS}), in the orders of a Williams design: a "
+           "multiple of the scenario count balances positions (compare.md says when not).")
     define(flags.DEFINE_list, "sweep_comm_to_compute", [],
            f"M/C ratios (up to {MAX_SWEEP_POINTS}) to run the calibrated comparison at; "
            "writes sweep.{json,md,png}.")
@@ -195,7 +197,9 @@ def validate(c: Any) -> None:
 def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
               settings: Mapping[str, Any]) -> dict[str, Any]:
     """Scenario table, ratios and the ideal ratio from the per-job stats of each scenario; a
-    ratio is there only when both of its scenarios ran and measured. A concurrent scenario
+    ratio is there only when both of its scenarios ran and measured. Each measured scenario
+    keeps "step_s", per job the durations of the steps it was measured on, for the bootstrap
+    interval (intervals.py). A concurrent scenario
     whose window is too short (throughput.WindowGuard) is left out of the table and every
     ratio, with the reason under "invalid"."""
     seq = stats["sequential"]
@@ -209,14 +213,17 @@ def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
         "jobs": {job: s.to_dict() for job, s in seq.items()},
         "aggregate_images_per_s": sequential,
         "per_job_in_aggregate": {job: sequential * s.timed_images / total_images
-                                 for job, s in seq.items()}}
+                                 for job, s in seq.items()},
+        "step_s": {job: throughput.timed_step_durations(s, warmup_steps)
+                   for job, s in seq.items()}}
     invalid: dict[str, str] = {}
     for name in scenarios.CONCURRENT:
         if name not in stats:
             continue
+        warmups = _warmups(stats[name], warmup_steps)
         try:
             aggregate, per_job, window = throughput.concurrent_aggregate(
-                stats[name], _warmups(stats[name], warmup_steps),
+                stats[name], warmups,
                 share_exempt=[j for j, s in stats[name].items() if s.priority == "secondary"])
         except throughput.WindowTooShort as err:  # left out of every ratio below
             logging.warning("scenario %s is invalid: %s", name, err)
@@ -224,7 +231,8 @@ def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int,
             continue
         table[name] = {"jobs": {j: s.to_dict() for j, s in stats[name].items()},
                        "aggregate_images_per_s": aggregate,
-                       "per_job_in_aggregate": per_job, "window_s": window}
+                       "per_job_in_aggregate": per_job, "window_s": window,
+                       "step_s": throughput.window_step_durations(stats[name], warmups)}
     agg = {n: s["aggregate_images_per_s"] for n, s in table.items()}
     ratios = {f"{top}_over_{bottom}": agg[top] / agg[bottom]
               for top, bottom in (("crossover", "sequential"), ("crossover", "naive"),
@@ -304,16 +312,21 @@ def calibrate(c: Any, out: pathlib.Path, ratios: Sequence[float]
 
 def _run_trials(c: Any, out: pathlib.Path, bandwidth: float | None
                 ) -> tuple[list[dict[str, dict[str, JobStats]]], dict[str, Any]]:
-    """Every scenario `c.trials` times on one cluster, order rotated each trial."""
-    order = [name for name in SCENARIOS if name in c.scenarios]
+    """Every scenario `c.trials` times on one cluster, in the orders of a Williams design
+    (trials.trial_orders)."""
     stats: list[dict[str, dict[str, JobStats]]] = []
     with _cluster(c, bandwidth) as cluster:
         cluster_info = cluster.describe()
-        for trial in range(c.trials):
+        for trial, order in enumerate(trials.trial_orders(_scenario_names(c), c.trials)):
             stats.append({name: scenarios.run_scenario(cluster, c, name, out, f"t{trial}_{name}",
                                                        jobs=scenarios.job_names(c.jobs))
-                          for name in trials.trial_order(order, trial)})
+                          for name in order})
     return stats, cluster_info
+
+
+def _scenario_names(c: Any) -> list[str]:
+    """The scenarios asked for, in SCENARIOS' order (the first trial's)."""
+    return [name for name in SCENARIOS if name in c.scenarios]
 
 
 def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None,
@@ -327,6 +340,7 @@ def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None,
                                    {"trial": trial, "order": list(trial_stats)}))
     result = trials.combine(per_trial)
     result["settings"] = {**vars(c), "bandwidth_mbit": bandwidth, "cluster": cluster_info}
+    result["order_design"] = trials.order_design(_scenario_names(c), c.trials)
     result["regime"] = {**regime, "bandwidth_mbit": bandwidth,
                         "achieved_comm_to_compute": trials.spread(
                             [trials.comm_to_compute(t) for t in per_trial])}

@@ -1,12 +1,12 @@
 """Markdown table and PNG figure of a comparison (what compare.py prints and writes)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from crossover_tf_planner.job_stats import JobStats
-from experiments import attribute, trials
+from experiments import attribute, intervals, trials
 from experiments.scenarios import CONCURRENT
 
 RATIO_ROWS = (("crossover_over_sequential", "crossover / sequential"),
@@ -98,43 +98,116 @@ def _regime_lines(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _scenario_table(result: Mapping[str, Any], jobs_all: list[str], header: str,
+                    rate: Callable[[Mapping[str, Any], str], float | None],
+                    with_aggregate: bool) -> list[str]:
+    """One row per scenario: each job's rate (`rate(scenario, job)`, None: not in it) and,
+    where the per-job columns add up to it, the aggregate."""
+    lines = [f"| {header} | " + " | ".join(f"job {j} images/s" for j in jobs_all)
+             + (" | aggregate images/s |" if with_aggregate else " |"),
+             "|---|" + "---:|" * (len(jobs_all) + with_aggregate)]
+    for name in scenario_order(result):
+        scenario = result["scenarios"][name]
+        cells = [f"{value:.1f}{_priority_mark(scenario['jobs'][j])}"
+                 if (value := rate(scenario, j)) is not None else "" for j in jobs_all]
+        aggregate = f" {scenario['aggregate_images_per_s']:.1f} |" if with_aggregate else ""
+        lines.append(f"| {name} | {' | '.join(cells)} |{aggregate}")
+    return lines
+
+
+def _windowed(scenario: Mapping[str, Any], job: str) -> float | None:
+    """A job's rate inside the scenario's measurement (per_job_in_aggregate): the concurrent
+    window for a concurrent scenario, its share of the aggregate for sequential."""
+    return scenario.get("per_job_in_aggregate", {}).get(job)
+
+
+def _whole_run(scenario: Mapping[str, Any], job: str) -> float | None:
+    """A job's rate over its own whole timed run (stats.json's images_per_s)."""
+    return scenario["jobs"][job]["images_per_s"] if job in scenario["jobs"] else None
+
+
+WINDOWED_NOTE = ("Every column is measured on the same steps: a concurrent scenario's inside "
+                 "the window in which all its jobs ran timed steps (steps cut by its edges "
+                 "counted by their fraction), sequential's per-job columns each job's share of "
+                 "the aggregate; per-job columns add up to the aggregate.")
+WHOLE_RUN_NOTE = ("Each job's rate over its own whole timed run (including any time it ran "
+                  "alone); not the rates the ratios use.")
+
+
+def _order_lines(result: Mapping[str, Any]) -> list[str]:
+    """What the trials' orders balanced, said where a reader weighs the spread."""
+    design = result.get("order_design")
+    if not design or design["trials"] < 2:
+        return []
+    if design["adjacency_balanced"]:
+        what = "each scenario in each position, and after each other, equally often"
+    elif design["positions_balanced"]:
+        what = (f"each scenario in each position equally often; which scenario runs just "
+                f"before which is not balanced (needs a multiple of {design['rows']} trials)")
+    else:
+        what = (f"positions are NOT balanced: {design['trials']} trials is not a multiple of "
+                f"the scenario count, so some scenarios ran early or late more often "
+                f"(a multiple of {design['rows']} trials balances positions and neighbours)")
+    return ["", f"Order: rows of a Williams design, one per trial; {what}."]
+
+
+def _ratio_lines(result: Mapping[str, Any], n_trials: int) -> list[str]:
+    """The ratio table: median [min–max] over trials, and the bootstrap 95% interval with the
+    call it makes (intervals.call) for every ratio of two scenarios."""
+    spreads = result.get("ratio_spread", result["ratios"])
+    found = result.get("ratio_interval") or {}
+    header = f"median [min–max] of {n_trials} trials" if n_trials > 1 else "value"
+    lines = ["", f"| ratio | {header} | 95% interval (call) |", "|---|---:|---:|"]
+    lines += [f"| {label} | {with_spread(spreads[key])} | {intervals.describe(found.get(key))} |"
+              for key, label in RATIO_ROWS if key in spreads]
+    if found:
+        method = next(iter(found.values()))["method"]
+        lines += ["", f"Intervals: {method}. A ratio whose interval includes 1.0 is a tie."]
+    return lines
+
+
+def _verdict_lines(result: Mapping[str, Any], n_trials: int) -> list[str]:
+    """The verdict over all trials, with the rule it follows on the next line."""
+    recommended, winner = trials.verdict_cells(trials.verdict(result))
+    return [f"Over all {n_trials} trial(s): recommended **{recommended}**; measured winner: "
+            f"**{winner}**.", "", trials.VERDICT_RULE]
+
+
 def markdown(result: Mapping[str, Any]) -> str:
-    """Per-job and aggregate throughput per scenario, the ratios (median [min–max] over trials
-    when there are several), the regime, and each job's solo C and M."""
+    """Per-job and aggregate throughput per scenario (all inside the measured window; the
+    whole-run rates in their own table), the ratios (median [min–max] over trials when there
+    are several, and the bootstrap interval), the regime, each job's solo C and M, the
+    planner's check and the verdict with its rule."""
     n_trials = result.get("trials", 1)
     shown = (f" (trial {result['representative_trial']}: median crossover / naive)"
              if n_trials > 1 else "")
     jobs_all = job_names(result)
-    lines = [f"| scenario{shown} | " + " | ".join(f"job {j} images/s" for j in jobs_all)
-             + " | aggregate images/s |", "|---|" + "---:|" * (len(jobs_all) + 1)]
-    for name in scenario_order(result):
-        scenario = result["scenarios"][name]
-        jobs = scenario["jobs"]
-        cells = [f"{jobs[j]['images_per_s']:.1f}{_priority_mark(jobs[j])}" if j in jobs else ""
-                 for j in jobs_all]
-        lines.append(f"| {name} | {' | '.join(cells)} | "
-                     f"{scenario['aggregate_images_per_s']:.1f} |")
+    lines = [WINDOWED_NOTE, "", *_scenario_table(result, jobs_all, f"scenario{shown}", _windowed,
+                                                  True)]
+    lines += ["", WHOLE_RUN_NOTE, "",
+              *_scenario_table(result, jobs_all, "scenario (whole run)", _whole_run, False)]
     lines += _invalid_lines(result)
-    spreads = result.get("ratio_spread", result["ratios"])
-    header = f"median [min–max] of {n_trials} trials" if n_trials > 1 else "value"
-    lines += ["", f"| ratio | {header} |", "|---|---:|"]
-    lines += [f"| {label} | {with_spread(spreads[key])} |" for key, label in RATIO_ROWS
-              if key in spreads]
+    lines += _ratio_lines(result, n_trials)
+    lines += _order_lines(result)
     lines += _regime_lines(result)
     lines += ["", "| job | compute C (ms) | comm M (ms) | solo step (ms) |", "|---|---:|---:|---:|"]
     for job in jobs_all:
         solo = JobStats.from_dict(result["scenarios"][f"solo_{job}"]["jobs"][job])
         lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
                      f"{1e3 * solo.step_time_s:.1f} |")
-    if "planner" in result:  # what the planner predicted from the solo runs alone
+    if "planner" in result:
         from crossover_tf_planner import validate
-        lines += ["", "Planner (from the solo runs only; the representative trial):", "",
+        lines += ["", PLANNER_HEADING.format(trial=result.get("representative_trial", 0)), "",
                   validate.to_markdown(result["planner"])]
-        if n_trials > 1 and {"naive_over_sequential", "crossover_over_naive"} <= set(spreads):
-            recommended, winner = trials.verdict_cells(trials.verdict(result))
-            lines.append(f"Over all {n_trials} trials: recommended **{recommended}**; measured "
-                         f"winner from the medians: **{winner}**.")
+    if {"naive_over_sequential", "crossover_over_naive"} <= set(result["ratios"]):
+        lines += ["", *_verdict_lines(result, n_trials)]
     return "\n".join(lines) + "\n"
+
+
+PLANNER_HEADING = (
+    "Planner (from the solo runs and the comm-CPU and link-contention probes; checked "
+    "against trial {trial} alone, whose measured winner follows the planner's own rule: a "
+    "more involved policy must gain 5% over a simpler one):")
 
 
 def _priority_mark(job: Mapping[str, Any]) -> str:
@@ -197,6 +270,10 @@ def _ratio_panel(ax: Any, result: Mapping[str, Any]) -> None:
                     capsize=6, label="median [min–max]" if not i else None)
         ax.plot([i] * len(s["values"]), s["values"], "k.",
                 label="each trial" if not i else None)
+        interval = (result.get("ratio_interval") or {}).get(key)
+        if interval:
+            ax.plot([i + 0.15] * 2, [interval["low"], interval["high"]], color="tab:blue",
+                    linewidth=3, alpha=0.6, label="95% interval" if not i else None)
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks(range(len(keys)), [k.replace("_over_", " /\n") for k in keys])
     ax.set_title(f"ratios over {result.get('trials', 1)} trial(s)")

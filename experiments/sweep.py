@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-from experiments import report, trials
+from experiments import intervals, report, trials
 
 # compare.json ratio key -> the planner report's key for the same ratio.
 RATIOS = {"crossover_over_naive": "crossover/naive",
@@ -28,14 +28,16 @@ def _predicted(result: Mapping[str, Any], planner_key: str, model: str) -> float
 
 def row(result: Mapping[str, Any]) -> dict[str, Any]:
     """One sweep point from a comparison result: asked and achieved M/C, the bandwidth, per
-    ratio the measured spread and each model's prediction, and the recommendations."""
+    ratio the measured spread, its bootstrap interval and each model's prediction, and the
+    recommendations."""
     regime = result["regime"]
     spreads = result.get("ratio_spread") or {
         k: trials.spread([v]) for k, v in result["ratios"].items()}
+    found = result.get("ratio_interval") or {}
     return {"comm_to_compute_asked": regime["comm_to_compute_asked"],
             "achieved_comm_to_compute": regime["achieved_comm_to_compute"],
             "bandwidth_mbit": regime["bandwidth_mbit"], "trials": result.get("trials", 1),
-            **{key: {"measured": spreads[key],
+            **{key: {"measured": spreads[key], "interval": found.get(key),
                      **{model: _predicted(result, planner_key, model) for model in MODELS}}
                for key, planner_key in RATIOS.items() if key in spreads},
             "recommendation": trials.verdict(result)}
@@ -45,13 +47,21 @@ def _prediction(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
+def _measured(point: Mapping[str, Any]) -> str:
+    """"median [min–max]; 95% low–high (call)": the spread, and the interval beside it."""
+    interval = point.get("interval")
+    spread = report.with_spread(point["measured"])
+    return f"{spread}; 95% {intervals.describe(interval)}" if interval else spread
+
+
 def _ratios_shown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return [key for key in RATIOS if any(key in r for r in rows)]
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line per M/C point: measured median [min–max], predicted (the cpu model /
-    the gpu-like simulator), and the planner's recommendation against the measured winner."""
+    """One line per M/C point: measured median [min–max] with its 95% interval, predicted
+    (the cpu model / the gpu-like simulator), and the planner's recommendation against the
+    measured winner, with the verdict's rule under the table."""
     shown = _ratios_shown(rows)
     lines = ["| M/C asked | M/C measured | Mbit/s | " + " | ".join(
                 f"{RATIOS[key]} measured | predicted (cpu model / gpu-like sim)" for key in shown)
@@ -65,11 +75,11 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             if key not in r:
                 cells += ["—", "—"]
                 continue
-            cells += [report.with_spread(r[key]["measured"]),
+            cells += [_measured(r[key]),
                       " / ".join(_prediction(r[key][m]) for m in MODELS)]
         cells += [*trials.verdict_cells(r.get("recommendation", {}))]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", trials.VERDICT_RULE]) + "\n"
 
 
 def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:

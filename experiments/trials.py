@@ -1,8 +1,11 @@
-"""Repeated trials of a comparison: interleaved order, and median with min/max per ratio.
+"""Repeated trials of a comparison: balanced order, median with min/max per ratio, a bootstrap
+interval per ratio, and the verdict it supports.
 
 One run of each scenario says little on a shared machine: a slow minute lands on whichever
-scenario ran then. Running every scenario once per trial, in an order rotated each trial, lets
-drift hit all scenarios; the spread across trials says how far a ratio can be trusted.
+scenario ran then. Running every scenario once per trial, in the orders of a Williams design
+(each scenario in each position, and after each other, equally often), lets drift hit all
+scenarios alike; the spread across trials and the bootstrap interval (intervals.py) say how
+far a ratio can be trusted.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from crossover_tf_planner.validate import measured_winner
 from crossover_tf_planner.job_stats import JobStats
+from experiments import intervals
 
 # The ratio that picks the representative trial (the one whose scenarios compare.json shows).
 PRIMARY_RATIO = "crossover_over_naive"
@@ -20,10 +24,45 @@ OVER_IDEAL = {"crossover": "measured_over_ideal",
               "crossover_turn": "crossover_turn_measured_over_ideal"}
 
 
+def williams_square(n: int) -> list[list[int]]:
+    """A Williams design of n treatments: rows in which every treatment takes every position
+    equally often and every ordered pair is adjacent equally often, so neither a slow end of
+    the experiment nor the scenario just before lands on one scenario more than another.
+    Row 0 is 0, 1, n-1, 2, n-2, ...; row i adds i (mod n); the treatments are then relabelled
+    so that row 0 is the given order. For an odd n no single square balances the pairs: the n
+    mirrored rows follow (2n rows, each pair adjacent twice). The first n rows are a Latin
+    square either way."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    label = {x: position for position, x in enumerate(first)}  # relabelled: row 0 = 0..n-1
+    rows = [[label[(x + i) % n] for x in first] for i in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 and n > 1 else rows
+
+
 def trial_order(scenarios: Sequence[str], trial: int) -> list[str]:
-    """Scenario order of one trial: the list rotated left by `trial`."""
-    shift = trial % len(scenarios)
-    return [*scenarios[shift:], *scenarios[:shift]]
+    """Scenario order of one trial: row `trial` of the Williams design (cycled)."""
+    rows = williams_square(len(scenarios))
+    return [scenarios[i] for i in rows[trial % len(rows)]]
+
+
+def trial_orders(scenarios: Sequence[str], trials: int) -> list[list[str]]:
+    """The scenario order of every trial (trial_order for 0..trials-1)."""
+    return [trial_order(scenarios, trial) for trial in range(trials)]
+
+
+def order_design(scenarios: Sequence[str], trials: int) -> dict[str, Any]:
+    """What the trials' orders balance: positions need a multiple of the scenario count,
+    adjacent pairs a multiple of the design's rows (n, or 2n for an odd n). Any trial count
+    runs (a multiple can cost several more runs of every scenario); the record, and
+    compare.md, say what is then left unbalanced."""
+    n, rows = len(scenarios), len(williams_square(len(scenarios)))
+    return {"design": "williams", "rows": rows, "trials": trials,
+            "positions_balanced": trials % n == 0, "adjacency_balanced": trials % rows == 0}
 
 
 def spread(values: Sequence[float], trials: int | None = None) -> dict[str, Any]:
@@ -55,9 +94,10 @@ def representative_trial(per_trial: Sequence[Mapping[str, Any]]) -> int:
 
 def combine(per_trial: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """compare.json's body from per-trial summaries: the representative trial's scenarios,
-    "ratios" as medians over the trials that measured them with "ratio_spread" beside them,
-    "invalid" (per scenario, the trials it was refused in and why), "checks" (what failed
-    a sanity check, e.g. a measured ratio above its ideal), and every trial."""
+    "ratios" as medians over the trials that measured them with "ratio_spread" and the
+    bootstrap "ratio_interval" (intervals.py) beside them, "invalid" (per scenario, the
+    trials it was refused in and why), "checks" (what failed a sanity check, e.g. a measured
+    ratio above its ideal), and every trial."""
     if not per_trial:
         raise ValueError("no trials to combine")
     chosen = representative_trial(per_trial)
@@ -71,7 +111,8 @@ def combine(per_trial: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"trials": len(per_trial), "representative_trial": chosen,
             "scenarios": per_trial[chosen]["scenarios"],
             "ratios": {name: s["median"] for name, s in ratio_spread.items()},
-            "ratio_spread": ratio_spread, "invalid": invalid,
+            "ratio_spread": ratio_spread, "ratio_interval": intervals.ratio_intervals(per_trial),
+            "invalid": invalid,
             "checks": above_ideal(ratio_spread),
             "achieved_comm_to_compute": spread([comm_to_compute(t) for t in per_trial]),
             "per_trial": list(per_trial)}
@@ -92,47 +133,85 @@ def above_ideal(ratio_spread: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return flagged
 
 
+VERDICT_RULE = (
+    "Verdict rule: from one job after the other (do not pair) to naive to crossing (the "
+    "faster of crossover and crossover_turn), a step up is a **win** when the 95% bootstrap "
+    f"interval of its ratio over the current choice lies at or above {1 + intervals.WIN_BAR:g}; "
+    "a **tie** (the simpler stays) when the interval includes 1.0; **too close to call** (the "
+    f"simpler stays) when it excludes 1.0 by less than {intervals.WIN_BAR:.0%}. Without an "
+    "interval the median stands in for it.")
+# The ladder the measured verdict climbs: (verdict, scenario).
+LADDER = (("do not pair", "sequential"), ("naive", "naive"))
+CROSSED = ("crossover", "crossover_turn")
+
+
 def verdict(result: Mapping[str, Any]) -> dict[str, Any]:
     """The planner's recommendation (the most frequent over trials) against the measured
-    winner: validate.measured_winner on the median naive/sequential and the median
-    crossover/naive (and crossover_turn/naive when it ran), the ratios the tables show (a
-    ratio of two medians can disagree with the median of the per-trial ratio when trials are
-    noisy). Each trial's own winner is counted beside it, so a winner that only some trials
-    agree on reads as the noise it is."""
+    winner by VERDICT_RULE, on the median ratios the tables show and their intervals; each
+    step's call is kept ("steps"). Each trial's faster policy (validate.measured_winner with
+    no bar) is counted beside it. The measured winner is None without naive/sequential and
+    crossover/naive."""
     per_trial = result.get("per_trial") or [result]
     predicted = collections.Counter(
         t["planner"]["recommendation"]["predicted"] for t in per_trial
         if "recommendation" in t.get("planner", {}))
     ratios = result["ratios"]
-    winner = (measured_winner(_over_sequential(ratios, "over_naive"))
-              if {"naive_over_sequential", "crossover_over_naive"} <= set(ratios) else None)
+    winner, steps = None, []
+    if {"naive_over_sequential", "crossover_over_naive"} <= set(ratios):
+        winner, steps = _climb(result)
     trial_winners = collections.Counter(
-        measured_winner(_over_sequential(t["ratios"], "over_sequential"))
+        measured_winner(_over_sequential(t["ratios"]), min_gain=0.0)
         for t in per_trial
         if {"naive_over_sequential", "crossover_over_sequential"} <= set(t.get("ratios", {})))
     return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
-            "measured_winner": winner, "trial_winners": dict(trial_winners.most_common())}
+            "measured_winner": winner, "steps": steps,
+            "trial_winners": dict(trial_winners.most_common())}
 
 
-def _over_sequential(ratios: Mapping[str, float], crossed_ratio: str) -> dict[str, float]:
+def _climb(result: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """VERDICT_RULE's ladder: the verdict and every step's ratio, interval and call."""
+    ratios, found = result["ratios"], result.get("ratio_interval") or {}
+    choice, current = LADDER[0]
+    steps = []
+    crossed = max((c for c in CROSSED if f"{c}_over_naive" in ratios),
+                  key=lambda c: ratios[f"{c}_over_naive"])
+    for candidate, scenario in (LADDER[1], ("cross", crossed)):
+        key = f"{scenario}_over_{current}"
+        if key not in ratios:
+            continue
+        steps.append(_step(key, ratios[key], found.get(key)))
+        if steps[-1]["call"] == "win":
+            choice, current = candidate, scenario
+    return choice, steps
+
+
+def _step(key: str, median: float, interval: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One step of the ladder: its ratio's median, interval and call; without an interval
+    (a hand-made or pre-interval result) the median is both ends, and "interval" says so."""
+    low, high = (interval["low"], interval["high"]) if interval else (median, median)
+    return {"ratio": key, "median": median, "low": low, "high": high,
+            "interval": interval is not None, "call": intervals.call(low, high)}
+
+
+def _over_sequential(ratios: Mapping[str, float]) -> dict[str, float]:
     """Naive and each crossover scenario run (plain, and with link turns when it ran) over
-    sequential, from the crossovers' ratios `crossed_ratio` ("over_naive": times the
-    naive/sequential ratio; "over_sequential": as they are)."""
-    naive = ratios["naive_over_sequential"]
-    scale = naive if crossed_ratio == "over_naive" else 1.0
-    return {"naive": naive, **{name: scale * ratios[f"{name}_{crossed_ratio}"]
-                               for name in ("crossover", "crossover_turn")
-                               if f"{name}_{crossed_ratio}" in ratios}}
+    sequential, as one trial measured them."""
+    return {"naive": ratios["naive_over_sequential"],
+            **{name: ratios[f"{name}_over_sequential"] for name in CROSSED
+               if f"{name}_over_sequential" in ratios}}
 
 
 def verdict_cells(chosen: Mapping[str, Any]) -> tuple[str, str]:
-    """Markdown cells of a verdict: the recommendation, and the measured winner with how many
-    trials it won (e.g. "cross (2 of 3 trials; naive 1)")."""
+    """Markdown cells of a verdict: the recommendation, and the measured winner with each
+    step's call (e.g. "cross (crossover / naive 1.046 [95% 1.012–1.081]: win; faster per
+    trial: cross 3)")."""
     winner = chosen.get("measured_winner")
     if not winner:
         return chosen.get("predicted") or "—", "—"
+    calls = [f"{s['ratio'].replace('_over_', ' / ')} {s['median']:.3f} "
+             + (f"[95% {s['low']:.3f}–{s['high']:.3f}]" if s["interval"] else "[no interval]")
+             + f": {s['call']}" for s in chosen.get("steps", ())]
     counts = chosen.get("trial_winners") or {}
     if counts:
-        others = "".join(f"; {w} {n}" for w, n in counts.items() if w != winner)
-        winner += f" ({counts.get(winner, 0)} of {sum(counts.values())} trials{others})"
-    return chosen.get("predicted") or "—", winner
+        calls.append("faster per trial: " + ", ".join(f"{w} {n}" for w, n in counts.items()))
+    return chosen.get("predicted") or "—", f"{winner} ({'; '.join(calls)})" if calls else winner

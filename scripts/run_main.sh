@@ -3,8 +3,9 @@
 # crossover pair against solo, sequential and naive co-location on an emulated two-host
 # cluster (network namespaces, bandwidth-limited links; needs root: without it, add
 # --bandwidth_mbit=N to run unshaped localhost ranks, uncalibrated).
-# It calibrates the link to M/C = 1 and runs 3 interleaved trials of sequential, naive,
-# crossover and crossover with link turns (crossover_turn). Extra arguments go to
+# It calibrates the link to M/C = 1 and runs 4 interleaved trials of sequential, naive,
+# crossover and crossover with link turns (crossover_turn): 4 trials of 4 scenarios make a
+# Williams square, in which each scenario runs in every position once. Extra arguments go to
 # experiments/compare.py (later flags win), e.g. `--comm_to_compute=2`, `--trials=5`,
 # `--sweep_comm_to_compute=0.5,1,2` or `--bandwidth_mbit=50` (fixed link, no calibration).
 set -euo pipefail
@@ -12,5 +13,5 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${CROSSOVER_VENV:-$ROOT/.venv}
 bash "$ROOT/scripts/install.sh"
 cd "$ROOT"
-exec "$VENV/bin/python" -m experiments.compare --trials=3 \
+exec "$VENV/bin/python" -m experiments.compare --trials=4 \
     --scenarios=sequential,naive,crossover,crossover_turn "$@"

@@ -1,6 +1,7 @@
 """compare.py's calibration, repeated trials and sweep, on hand-made stats (no cluster)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -11,7 +12,7 @@ import pytest
 
 from crossover_tf_planner import validate as planner_validate
 from crossover_tf_planner.job_stats import JobStats
-from experiments import calibration, compare, report, scenarios, sweep, trials
+from experiments import calibration, compare, intervals, report, scenarios, sweep, trials
 from crossover_tf_planner.comm_cost import CommCpu, LinkContention
 from experiments.calibration import CalibrationPoint, CommFit
 
@@ -92,13 +93,47 @@ def test_next_bandwidth_goes_slower_when_noise_swamps_the_link():
 
 
 # -- trials ---------------------------------------------------------------------------------------
-def test_rotated_orders_put_every_scenario_in_every_position():
-    names = ["sequential", "naive", "crossover"]
-    orders = [trials.trial_order(names, t) for t in range(3)]
-    assert orders[0] == names and orders[1] == ["naive", "crossover", "sequential"]
-    for position in range(3):
-        assert {order[position] for order in orders} == set(names)
-    assert trials.trial_order(names, 3) == names
+def _position_and_adjacency_counts(orders: list[list[str]]) -> tuple[set[int], set[int]]:
+    """How often each scenario takes each position, and each ordered pair runs back to back
+    (as sets of the distinct counts: {k} means perfectly balanced)."""
+    names = orders[0]
+    positions = collections.Counter((name, i) for order in orders for i, name in enumerate(order))
+    pairs = collections.Counter(p for o in orders for p in zip(o, o[1:]))
+    return ({positions[(n, i)] for n in names for i in range(len(names))},
+            {pairs[(a, b)] for a in names for b in names if a != b})
+
+
+@pytest.mark.parametrize("names", [["sequential", "naive", "crossover", "crossover_turn"],
+                                   ["sequential", "naive", "crossover"],
+                                   ["sequential", "naive"], list("abcdef"), list("abcde")])
+def test_williams_orders_balance_positions_and_neighbours(names):
+    """The issue's 4 scenarios over 3 rotated trials always ran naive just before crossover
+    and crossover never last; a Williams design balances both: 4 (even) trials put every
+    scenario in every position once and every ordered pair back to back once; an odd count
+    needs the mirrored square too (2n trials: each pair back to back twice), its first n
+    trials balancing positions."""
+    rows = len(trials.williams_square(len(names)))
+    assert rows == (len(names) if len(names) % 2 == 0 else 2 * len(names))
+    orders = trials.trial_orders(names, rows)
+    assert orders[0] == names  # the first trial keeps the given order
+    assert _position_and_adjacency_counts(orders) == ({rows // len(names)},) * 2
+    latin = trials.trial_orders(names, len(names))
+    assert _position_and_adjacency_counts(latin)[0] == {1}
+    assert trials.trial_order(names, rows) == names  # cycles after a full design
+    design = trials.order_design(names, 3)
+    assert design["positions_balanced"] == (len(names) == 3)
+    assert not design["adjacency_balanced"]
+    assert trials.order_design(names, rows)["adjacency_balanced"]
+
+
+def test_unbalanced_trial_count_is_said_in_compare_md():
+    result = {**trials.combine(_trial_results([1.5, 1.8, 1.2])),
+              "order_design": trials.order_design(["sequential", "naive", "crossover",
+                                                   "crossover_turn"], 3)}
+    assert "positions are NOT balanced: 3 trials is not a multiple" in report.markdown(result)
+    result["order_design"] = trials.order_design(["sequential", "naive", "crossover"], 3)
+    assert "which scenario runs just before which is not balanced (needs a multiple of 6" \
+        in report.markdown(result)
 
 
 def _stats(job: str, period_s: float, compute_s: float, comm_s: float, start_s: float = 0.0,
@@ -192,8 +227,11 @@ def test_sweep_rows_pair_measured_spread_with_predictions(tmp_path):
                  for t in result["per_trial"]]
     assert point["crossover_over_naive"]["analytical"] == pytest.approx(sorted(predicted)[1])
     table = sweep.markdown([point])
-    assert re.search(r"\| 1 \| 0\.95 \[0\.90–1\.10\] \| 62\.5 \| 1\.250 \[1\.000–1\.500\] \| "
-                     r"\d\.\d{3} / \d\.\d{3} \|", table), table
+    # The spread, then the bootstrap interval: three trials of equal-length steps resample to
+    # their own min and max, and 1.0 inside it is a tie.
+    assert re.search(r"\| 1 \| 0\.95 \[0\.90–1\.10\] \| 62\.5 \| 1\.250 \[1\.000–1\.500\]; "
+                     r"95% 1\.000–1\.500 \(tie\) \| \d\.\d{3} / \d\.\d{3} \|", table), table
+    assert point["crossover_over_naive"]["interval"]["low"] == pytest.approx(1.0)
     fixed_link = sweep.markdown([{**point, "comm_to_compute_asked": None}])
     assert "| — | 0.95 [0.90–1.10] | 62.5 |" in fixed_link
     sweep.plot([point, {**point, "achieved_comm_to_compute": trials.spread([2.0])}],
@@ -301,8 +339,10 @@ def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, 
     markdown = (tmp_path / "compare.md").read_text()
     assert "| link's shared efficiency (allreduces overlapping at random) | 0.850 |" in markdown
     assert "1.400 [1.200–1.600]" in markdown
-    assert re.search(r"Over all 3 trials: recommended \*\*\w+\*\*; measured winner from the "
-                     r"medians: \*\*\w+ \(\d of 3 trials", markdown)
+    assert re.search(r"Over all 3 trial\(s\): recommended \*\*\w+\*\*; measured winner: "
+                     r"\*\*\w+ \(naive / sequential \d\.\d{3} \[95% ", markdown)
+    assert trials.VERDICT_RULE in markdown
+    assert "95% interval (call)" in markdown and saved["ratio_interval"]["crossover_over_naive"]
     assert (tmp_path / "compare.png").stat().st_size > 0
     assert result["ratios"] == saved["ratios"]
 
@@ -359,9 +399,13 @@ def test_sweep_calibrates_once_and_writes_one_table_and_plot(fake_runs, tmp_path
     for ratio in ("0.5", "2"):
         assert (tmp_path / f"ratio_{ratio}" / "compare.json").exists()
     table = (tmp_path / "sweep.md").read_text()
-    assert table.count("\n") == 2 + 2 and "| 0.5 | 0.50 |" in table
-    # The cpu model recommends naive; crossover won 1.4x in both trials.
-    assert "| naive | cross (2 of 2 trials) |" in table
+    assert len([line for line in table.splitlines() if line.startswith("|")]) == 2 + 2
+    assert "| 0.5 | 0.50 |" in table and trials.VERDICT_RULE in table
+    # The cpu model recommends naive; crossover won 1.4x and 1.6x over sequential (1.167x and
+    # 1.333x over naive): every step up a win, by intervals from the trials alone (hand-made
+    # steps of one length: no step-to-step noise).
+    assert ("| naive | cross (naive / sequential 1.200 [95% 1.200–1.200]: win; crossover / "
+            "naive 1.250 [95% 1.167–1.333]: win; faster per trial: cross 2) |") in table
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1][
         "crossover_over_naive"]["analytical"] > 0
     assert (tmp_path / "sweep.png").stat().st_size > 0
@@ -512,28 +556,49 @@ def test_replan_rewrites_predictions_from_saved_comparisons(fake_runs, tmp_path)
         0.5 * after["planner"]["profiles"][0]["comm_s"])
     assert [r["comm_to_compute_asked"] for r in rows] == [0.5, 2.0]
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"] == rows
-    assert "Planner (from the solo runs only" in (tmp_path / "ratio_2" / "compare.md").read_text()
+    assert ("Planner (from the solo runs and the comm-CPU and link-contention probes"
+            in (tmp_path / "ratio_2" / "compare.md").read_text())
     with pytest.raises(ValueError, match="no compare.json"):
         replan.replan(tmp_path / "nowhere")
 
 
-def test_measured_winner_follows_the_median_crossover_over_naive():
-    """Three noisy trials: crossover/naive 1.054, 1.065, 0.941. The median of the ratio says
-    crossing wins by 5.4%, while the ratio of the medians of crossover/sequential and
-    naive/sequential would say naive; the winner follows the ratio the table shows."""
+def test_measured_verdict_follows_the_interval_not_a_silent_bar():
+    """The issue's M/C 0.97 page: crossover / naive 1.046, crossing faster in every trial,
+    yet "naive" won because 1.046 < 1.05, a bar the page never stated. Now the interval
+    decides: above 1.01 a win, including 1.0 a tie, above 1.0 by less a close call; the
+    faster policy of each trial is counted beside it (no bar)."""
     per_trial = [{"ratios": {"naive_over_sequential": naive, "crossover_over_sequential": cross},
                   "planner": {"recommendation": {"predicted": "naive"}}}
                  for naive, cross in ((1.513, 1.594), (1.358, 1.446), (1.509, 1.420))]
     result = {"ratios": {"naive_over_sequential": 1.509, "crossover_over_sequential": 1.446,
-                         "crossover_over_naive": 1.054}, "per_trial": per_trial}
-    assert trials.verdict(result) == {"predicted": "naive", "measured_winner": "cross",
-                                      "trial_winners": {"cross": 2, "naive": 1}}
-    assert trials.verdict_cells(trials.verdict(result)) == (
-        "naive", "cross (2 of 3 trials; naive 1)")
-    result["ratios"]["crossover_over_naive"] = 1.02
-    assert trials.verdict(result)["measured_winner"] == "naive"
-    assert trials.verdict_cells(trials.verdict(result))[1] == "naive (1 of 3 trials; cross 2)"
+                         "crossover_over_naive": 1.046}, "per_trial": per_trial,
+              "ratio_interval": {"naive_over_sequential": {"low": 1.40, "high": 1.55},
+                                 "crossover_over_naive": {"low": 1.012, "high": 1.081}}}
+    chosen = trials.verdict(result)
+    assert chosen["predicted"] == "naive" and chosen["measured_winner"] == "cross"
+    assert chosen["trial_winners"] == {"cross": 2, "naive": 1}
+    assert [s["call"] for s in chosen["steps"]] == ["win", "win"]
+    assert trials.verdict_cells(chosen) == (
+        "naive", "cross (naive / sequential 1.509 [95% 1.400–1.550]: win; crossover / naive "
+                 "1.046 [95% 1.012–1.081]: win; faster per trial: cross 2, naive 1)")
+    for low, high, call in ((0.99, 1.07, "tie"), (1.003, 1.009, "too close to call")):
+        result["ratio_interval"]["crossover_over_naive"] = {"low": low, "high": high}
+        chosen = trials.verdict(result)
+        assert chosen["measured_winner"] == "naive" and chosen["steps"][-1]["call"] == call
+    del result["ratio_interval"]  # no interval: the median stands in (1.046 >= 1.01)
+    chosen = trials.verdict(result)
+    assert chosen["measured_winner"] == "cross" and not chosen["steps"][-1]["interval"]
+    assert "crossover / naive 1.046 [no interval]: win" in trials.verdict_cells(chosen)[1]
     assert trials.verdict_cells({"predicted": "naive"}) == ("naive", "—")
+
+
+def test_interval_calls():
+    assert intervals.call(1.012, 1.08) == "win"
+    assert intervals.call(0.99, 1.07) == "tie"
+    assert intervals.call(1.003, 1.07) == "too close to call"
+    assert intervals.call(0.90, 0.98) == "loss"
+    assert intervals.describe({"low": 0.99, "high": 1.07}) == "0.990–1.070 (tie)"
+    assert intervals.describe(None) == "—"
 
 
 # -- link sharing probe ----------------------------------------------------------------------------
@@ -566,8 +631,9 @@ def test_crossover_env_runs_interleaved_and_reports_its_ratio(fake_runs, tmp_pat
     result = compare.run(overrides={
         "scenarios": ENV_SCENARIOS, "scenario_env": ["HOROVOD_CYCLE_TIME=5"], "trials": 2,
         "bandwidth_mbit": 50.0, "comm_cpu_probe": False, "out_dir": str(tmp_path)})
+    # Rows 0 and 1 of the 4-scenario Williams design (was: the list rotated by one).
     assert fake_runs == ["t0_sequential", "t0_naive", "t0_crossover", "t0_crossover_env",
-                         "t1_naive", "t1_crossover", "t1_crossover_env", "t1_sequential"]
+                         "t1_naive", "t1_crossover_env", "t1_sequential", "t1_crossover"]
     assert result["ratios"]["crossover_env_over_crossover"] == pytest.approx(1.05)
     assert "naive_env_over_naive" not in result["ratios"]
     assert result["settings"]["scenario_env"] == ["HOROVOD_CYCLE_TIME=5"]

@@ -9,7 +9,7 @@ import pytest
 from absl import flags
 
 from crossover_tf_planner.job_stats import JobStats
-from experiments import compare, report, throughput, train
+from experiments import compare, intervals, report, throughput, train
 from experiments import trials as trials_lib
 
 
@@ -64,11 +64,31 @@ def test_concurrent_aggregate_counts_only_the_common_window():
     aggregate, per_job, window = throughput.concurrent_aggregate({"A": a, "B": b}, 1)
     assert window == pytest.approx(0.130)           # from B's first timed step (70) to A's end
     assert per_job["A"] == pytest.approx(13 * 10 / 0.130)    # A steps 80..200
-    assert per_job["B"] == pytest.approx(6 * 10 / 0.130)     # B steps 90..190
+    # B steps 90..190 whole, and half of its step 190..210 (was 6 whole steps: a step cut by
+    # the window's edge now counts by its fraction inside it).
+    assert per_job["B"] == pytest.approx(6.5 * 10 / 0.130)
     assert aggregate == pytest.approx(per_job["A"] + per_job["B"])
     with pytest.raises(ValueError, match="did not run concurrently"):
         throughput.concurrent_aggregate({"A": _fake_stats([0, 1, 2]),
                                          "B": _fake_stats([5, 6, 7])}, 1)
+
+
+def test_fractional_steps_count_the_cut_steps_by_their_share_in_the_window():
+    """Steps ending at 0, 10, 30, 60 ms: a window 5..45 ms holds half of the first step,
+    the second whole, and half of the third; whole steps would say 2 (the guard's count)."""
+    ends = np.array([0, 10, 30, 60]) * 1_000_000
+    assert throughput.fractional_steps(ends, 5_000_000, 45_000_000) == pytest.approx(2.0)
+    assert throughput.fractional_steps(ends, 5_000_000, 30_000_000) == pytest.approx(1.5)
+    assert throughput.fractional_steps(ends, 10_000_000, 60_000_000) == pytest.approx(2.0)
+
+
+def test_step_durations_are_those_the_rates_are_measured_on():
+    a = _fake_stats(list(np.arange(0, 201, 10.0)))
+    b = _fake_stats(list(np.arange(50, 251, 20.0)))
+    durations = throughput.window_step_durations({"A": a, "B": b}, 1)
+    assert durations["A"] == pytest.approx([0.01] * 13)     # A's steps ending 80..200
+    assert durations["B"] == pytest.approx([0.02] * 6)      # B's ending 90..190
+    assert throughput.timed_step_durations(b, 1) == pytest.approx([0.02] * 10)
 
 
 def test_window_guard_refuses_the_window_that_once_printed_1_39():
@@ -139,6 +159,85 @@ def test_an_invalid_scenario_stays_out_of_ratios_verdict_and_plot_and_says_why(t
     with pytest.raises(RuntimeError, match="no concurrent scenario ran long enough"):
         compare._raise_if_nothing_measured(everything_bad, ["sequential", "crossover"])
     report.plot(combined, {}, str(tmp_path / "p.png"))  # per-trial dots skip the invalid
+
+
+def _noisy(period_ms: float, noise: float, seed: int, steps: int = 41) -> JobStats:
+    """A job whose steps last period_ms times (1 + noise x a standard normal)."""
+    durations = period_ms * (1 + noise * np.random.default_rng(seed).standard_normal(steps - 1))
+    return _fake_stats([0.0, *np.cumsum(durations)], compute_s=0.004, comm_s=0.005,
+                       apply_s=0.001, timed_wall_s=float(np.sum(durations[1:])) / 1e3)
+
+
+def _noisy_trials(crossover_speedup: float, noise: float, trials: int = 3) -> list[dict]:
+    """Per-trial summaries: sequential at 10 ms steps, naive each job at 2 x 10 / 1.2 ms, and
+    crossover at 2 x 10 / crossover_speedup ms; every job's steps with its own noise."""
+    summaries = []
+    for t in range(trials):
+        def pair(period_ms: float, salt: int) -> dict[str, JobStats]:
+            return {j: _noisy(period_ms, noise, seed=100 * t + 10 * salt + k)
+                    for k, j in enumerate("AB")}
+        stats = {"sequential": pair(10.0, 0), "naive": pair(20 / 1.2, 1),
+                 "crossover": pair(20 / crossover_speedup, 2)}
+        summaries.append(compare.summarise(stats, 1, {"trial": t}))
+    return summaries
+
+
+def test_bootstrap_interval_is_seeded_and_widens_with_step_noise():
+    """The same trials give the same interval; step noise widens it around the median;
+    steps of one length leave only the trials' own spread (resampled)."""
+    noisy = _noisy_trials(1.3, noise=0.05)
+    first = intervals.ratio_interval(noisy, "crossover_over_naive")
+    assert first == intervals.ratio_interval(noisy, "crossover_over_naive")
+    median = trials_lib.combine(noisy)["ratios"]["crossover_over_naive"]
+    assert first["low"] < median < first["high"] and first["trials"] == 3
+    quiet = intervals.ratio_interval(_noisy_trials(1.3, noise=0.0), "crossover_over_naive")
+    assert quiet["low"] == pytest.approx(1.3 / 1.2) == pytest.approx(quiet["high"])
+    assert first["high"] - first["low"] > 0.005
+    one = intervals.ratio_interval(noisy[:1], "crossover_over_naive")  # only the steps vary
+    assert one["low"] < noisy[0]["ratios"]["crossover_over_naive"] < one["high"]
+    assert intervals.ratio_interval(noisy, "measured_over_ideal") is None
+
+
+def test_bootstrap_calls_a_clear_gain_a_win_and_no_gain_a_tie():
+    """8% faster with 5% step noise is a win; the same speed is a tie, whichever of the two
+    happened to be faster in the trials; the combined record keeps every scenario ratio."""
+    gain = trials_lib.combine(_noisy_trials(1.3, noise=0.05))
+    found = gain["ratio_interval"]
+    assert set(found) == {"crossover_over_sequential", "crossover_over_naive",
+                          "naive_over_sequential"}
+    assert intervals.call(found["crossover_over_naive"]["low"],
+                          found["crossover_over_naive"]["high"]) == "win"
+    assert trials_lib.verdict(gain)["measured_winner"] == "cross"
+    same = trials_lib.combine(_noisy_trials(1.2, noise=0.05))
+    interval = same["ratio_interval"]["crossover_over_naive"]
+    assert interval["low"] < 1.0 < interval["high"]
+    assert trials_lib.verdict(same)["measured_winner"] == "naive"
+    assert "| crossover / naive |" in report.markdown(same) and "(tie) |" in report.markdown(same)
+
+
+def test_resampled_means_keep_blocks_of_consecutive_steps():
+    rng = np.random.default_rng(0)
+    assert intervals.block_length(27) == 3 and intervals.block_length(1) == 1
+    assert np.allclose(intervals.resampled_means([0.02] * 10, 50, rng), 0.02)
+    means = intervals.resampled_means(np.arange(30.0), 500, rng)
+    assert means.shape == (500,) and 10 < means.mean() < 19
+
+
+def test_scenario_table_shows_one_kind_of_number_and_labels_the_whole_run_rates():
+    """The issue's naive trial 0: per-job 140.4 + 139.0 against an aggregate of 283.2, the
+    per-job columns whole-run rates and the aggregate the window's. Now the per-job columns
+    are the window's (adding up to the aggregate), the whole-run rates in their own table."""
+    a = _fake_stats(list(np.arange(0, 201, 10.0)))
+    b = _fake_stats(list(np.arange(50, 251, 20.0)))
+    steady = _fake_stats([10 * i for i in range(21)], compute_s=0.004, comm_s=0.005,
+                         apply_s=0.001, timed_wall_s=0.2)
+    summary = compare.summarise({"sequential": {"A": steady, "B": steady},
+                                 "naive": {"A": a, "B": b}}, 1, {})
+    table = report.markdown(summary)
+    assert "| naive | 1000.0 | 500.0 | 1500.0 |" in table     # A 13, B 6.5 steps in 130 ms
+    assert report.WINDOWED_NOTE in table and report.WHOLE_RUN_NOTE in table
+    assert "| scenario (whole run) | job A images/s | job B images/s |" in table
+    assert "| naive | 1000.0 | 1000.0 |" in table              # each job's own images_per_s
 
 
 def test_a_ratio_above_its_ideal_in_every_trial_is_flagged():
