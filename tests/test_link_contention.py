@@ -125,8 +125,11 @@ def test_the_measured_winner_counts_crossing_with_link_turns():
     per_trial = [_trial(1.5, 1.5, 1.7), _trial(1.5, 1.55, 1.6), _trial(1.5, 1.45, 1.55)]
     result = {"ratios": {k: sorted(t["ratios"][k] for t in per_trial)[1]
                          for k in per_trial[0]["ratios"]}, "per_trial": per_trial}
-    assert trials.verdict(result) == {"predicted": "cross", "measured_winner": "cross",
-                                      "trial_winners": {"cross": 2, "naive": 1}}
+    verdict = trials.verdict(result)
+    # Crossing with link turns was the faster policy in every trial (1.7, 1.6, 1.55 against
+    # naive's 1.5): it counts as crossing, in the verdict and in each trial's count.
+    assert (verdict["predicted"], verdict["measured_winner"]) == ("cross", "cross")
+    assert verdict["trial_winners"] == {"cross": 3}
     plain = [_trial(1.5, 1.5, None), _trial(1.5, 1.55, None)]
     result = {"ratios": plain[0]["ratios"], "per_trial": plain}
     assert trials.verdict(result)["measured_winner"] == "naive"
@@ -149,4 +152,4 @@ def test_the_sweep_table_shows_crossing_with_turns_where_it_ran():
     assert "| crossover_turn/naive measured | predicted (cpu model / gpu-like sim) |" in table
     assert "| 1.160 | 1.180 / — | cross | cross |" in table
     assert "| 1.500 | 1.500 / 1.700 | — | — | cross | cross |" in table
-    assert "crossover_turn" not in sweep.markdown([base])
+    assert "crossover_turn/naive" not in sweep.markdown([base])  # no column where it never ran
