@@ -128,8 +128,11 @@ def barrier() -> None:
     hvd.allgather_object(None, name="crossover_barrier")
 
 
-def allreduce_in_turn(allreduce: Callable[[Sequence[Any]], list[Any]], turn: Any,
-                      grads: list[Any]) -> list[Any]:
+# What averages a step's gradients over the job's ranks (the strategy's synchronize_gradients).
+Allreduce = Callable[[Sequence[Any]], list[Any]]
+
+
+def allreduce_in_turn(allreduce: Allreduce, turn: Any, grads: list[Any]) -> list[Any]:
     """allreduce(grads), after the other jobs' earlier allreduces when the job takes link
     turns (`turn`, a LinkTurn; None: as they come). The Keras step and the custom-loop tape
     both run their gradient allreduce through here."""

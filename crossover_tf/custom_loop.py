@@ -21,8 +21,9 @@ The contract is checked where it can be. gradient() outside a hold is an error (
 device not held would let the loop compute unheld). In a tf.function, a Horovod collective
 written inside the hold other than the tape's own allreduce (hvd.DistributedGradientTape,
 strategy.reduce, a sync-BatchNorm layer) is an error when the hold closes: the job would
-hold the device while waiting on the network. A collective hidden inside a nested
-tf.function, or run eagerly, cannot be seen: keep collectives out of the hold.
+hold the device while waiting on the network. Collectives inside nested tf.functions and
+tf.cond / tf.while_loop bodies are found too; run eagerly, nothing can be seen: keep
+collectives out of the hold.
 
 XLA: the lease ops and Horovod's collectives have no XLA kernels, so the loop's own
 tf.function stays jit_compile=False; compile its device parts with nested
@@ -31,14 +32,12 @@ tf.function(jit_compile=True) calls inside the hold (as the Keras step does).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import tensorflow as tf
 
 from crossover_tf import lease as lease_lib
-from crossover_tf.collectives import allreduce_in_turn, map_present
-
-Allreduce = Callable[[Sequence[Any]], list[Any]]
+from crossover_tf.collectives import Allreduce, allreduce_in_turn, map_present
 
 # Horovod's TensorFlow ops that wait on other ranks (mpi_ops.py); HorovodSize and the like
 # only read local state.
@@ -118,12 +117,12 @@ class DeviceHold:
         """Passes the reduced gradients through the re-acquire; what follows waits for it."""
         if self.lease is None:
             return tensors
-        if self._graph is None:
-            return map_present(lambda ts: self.lease.acquire(ts, tag=lease_lib.TAG_APPLY),
-                               tensors)
-        self._exempt.update(op.name for op in self._graph.get_operations()[self._mark:])
+        if self._graph is not None:  # the ops since the yield are the tape's own allreduce
+            self._exempt.update(op.name for op in self._graph.get_operations()[self._mark:])
         tensors = map_present(lambda ts: self.lease.acquire(ts, tag=lease_lib.TAG_APPLY),
                               tensors)
+        if self._graph is None:
+            return tensors
         present = [t for t in tensors if t is not None]
         if present:
             self._enter_control(present[0])

@@ -21,18 +21,16 @@ collective. With no crossover group the lease ops are simply absent (plain Horov
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from crossover_tf.collectives import allreduce_in_turn
+from crossover_tf.collectives import Allreduce, allreduce_in_turn
 from crossover_tf.device_hold import as_unit, run_holding_device
 from crossover_tf import lease as lease_lib
-
-Allreduce = Callable[[Sequence[Any]], list[Any]]
 
 
 class CrossoverTrainStep:
