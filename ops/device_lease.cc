@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -33,9 +35,9 @@ namespace {
 // was "CROSSOV<version>" and their size sat where the version is now (see ReadLayout).
 constexpr uint64_t kMagic = 0x5341454c534f5243ULL;  // "CROSLEAS": never changes
 #ifdef CROSSOVER_LEASE_TEST_LAYOUT_PAD
-constexpr uint32_t kLayoutVersion = 1005;  // a test build with another layout (ops/Makefile)
+constexpr uint32_t kLayoutVersion = 1006;  // a test build with another layout (ops/Makefile)
 #else
-constexpr uint32_t kLayoutVersion = 5;
+constexpr uint32_t kLayoutVersion = 6;  // 6: slots carry their member's job label
 #endif
 constexpr uint64_t kLegacyMagicMask = 0x00ffffffffffffffULL;  // "CROSSOV" without the digit
 constexpr uint64_t kLegacyMagicPrefix = 0x00564f53534f5243ULL;
@@ -45,6 +47,7 @@ constexpr int64_t kPollNs = 20 * 1000 * 1000;        // liveness re-check period
 constexpr int64_t kOpenBoundNs = 30 * kNsPerS;       // wait for a creator/repairer to finish
 constexpr int64_t kReleaseLockBoundNs = 10 * kNsPerS;  // internal-lock wait when releasing
 constexpr int64_t kLockGraceNs = 200 * 1000 * 1000;  // internal-lock wait past a passed deadline
+constexpr double kMaxInspectBoundS = 60;             // Inspect's longest internal-lock wait
 constexpr int kOpenAttempts = 100;                   // bound on replace-and-retry rounds
 constexpr off_t kSlotLockBase = 1 << 20;             // slot i's lock byte: kSlotLockBase + i
 // Every process that uses the segment holds a read lock on this byte from before it lets
@@ -71,6 +74,7 @@ struct Slot {
   uint64_t nonce;  // identity of the process that claimed this slot last
   int32_t pid;
   uint64_t pid_ns;
+  char job[kMaxJobLen + 1];  // the member's job label, NUL-terminated
 };
 
 // One job's place in the link turn order on this host (see DeviceLease::TurnWait).
@@ -197,22 +201,157 @@ void WakeAll(SharedLease* s) {
   Futex(&s->wake_seq, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-bool ValidChars(const std::string& s, size_t max_len) {
-  if (s.empty() || s.size() > max_len) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
-  });
+bool NameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '_' || c == '-';
+}
+bool JobChar(char c) { return NameChar(c) || c == '.' || c == ':' || c == '@'; }
+
+bool ValidChars(const std::string& s, size_t max_len, bool (*allowed)(char) = NameChar) {
+  return !s.empty() && s.size() <= max_len && std::all_of(s.begin(), s.end(), allowed);
 }
 
 std::string SegmentName(const std::string& group, const std::string& device_key) {
   return "/crossover." + group + "." + device_key;
 }
-std::string SegmentPath(const std::string& name) { return "/dev/shm" + name; }
+
+// The default job label: "<host>:<pid>", the host cut and its odd characters replaced so
+// that the label stays valid.
+std::string DefaultJob() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == 0) snprintf(host, sizeof(host), "host");
+  const std::string pid = ":" + std::to_string(getpid());
+  std::string label(host, strnlen(host, kMaxJobLen - pid.size()));
+  std::replace_if(label.begin(), label.end(), [](char c) { return !JobChar(c); }, '-');
+  return label + pid;
+}
+
+void WriteJob(char (&slot_job)[kMaxJobLen + 1], const std::string& job) {
+  memset(slot_job, 0, sizeof(slot_job));
+  memcpy(slot_job, job.data(), std::min(job.size(), kMaxJobLen));
+}
+std::string ReadJob(const char (&slot_job)[kMaxJobLen + 1]) {
+  return std::string(slot_job, strnlen(slot_job, kMaxJobLen));
+}
+
+}  // namespace
+
+// File systems whose futexes or file locks do not work across hosts (or, for FUSE, depend on
+// a daemon that may not implement them): a lease there would exclude nobody on another host,
+// silently. Refused, not warned: a false refusal is loud and fixable, a false pass is not.
+// crossover_tf/lease/segments.py keeps the same table.
+const char* NonLocalFileSystem(int64_t f_type) {
+  switch (static_cast<uint32_t>(f_type)) {
+    case 0x6969: return "nfs";
+    case 0x517B: return "smb";
+    case 0xFF534D42: return "cifs";
+    case 0xFE534D42: return "smb2";
+    case 0x01021997: return "9p";
+    case 0x00C36400: return "ceph";
+    case 0x65735546: return "fuse";
+    case 0x5346414F: return "afs";
+    case 0x73757245: return "coda";
+    case 0x0BD00BD0: return "lustre";
+    case 0x47504653: return "gpfs";
+    case 0x01161970: return "gfs2";
+    case 0x7461636F: return "ocfs2";
+    default: return nullptr;
+  }
+}
+
+namespace {
+
+// A segment file and how it must be owned (see CheckOwnership).
+struct SegmentFile {
+  std::string dir, path;
+  bool shared_group = false;
+  gid_t dir_gid = 0;
+};
 
 std::string Errno(const std::string& what) { return what + ": " + strerror(errno); }
 LeaseStatus Internal(const std::string& what) {
   return LeaseStatus::Error(LeaseCode::kInternal, Errno(what));
+}
+
+std::string Octal(unsigned value, const char* format = "%04o") {
+  char text[16];
+  snprintf(text, sizeof(text), format, value);
+  return text;
+}
+
+// Checks the lease directory (it exists, is a directory, on a local file system) and names
+// the segment file in it. dir "" is kDefaultLeaseDir.
+LeaseStatus ResolveSegmentFile(const std::string& dir_in, const std::string& name,
+                               bool shared_group, SegmentFile* out) {
+  const std::string dir = dir_in.empty() ? kDefaultLeaseDir : dir_in;
+  char real[PATH_MAX];
+  struct stat st;
+  if (realpath(dir.c_str(), real) == nullptr || stat(real, &st) != 0) {
+    return LeaseStatus::Error(
+        LeaseCode::kInvalidArgument,
+        Errno("crossover lease directory " + dir + " cannot be used") +
+            " (it must exist and be the same directory for every job of the group on this host)");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "crossover lease directory " + dir + " is not a directory");
+  }
+  struct statfs fs;
+  if (statfs(real, &fs) != 0) return Internal("statfs " + dir);
+  if (const char* kind = NonLocalFileSystem(fs.f_type)) {
+    return LeaseStatus::Error(
+        LeaseCode::kInvalidArgument,
+        "crossover lease directory " + dir + " is on a " + kind + " file system (f_type " +
+            Octal(static_cast<uint32_t>(fs.f_type), "0x%x") + "), not a local one: the "
+            "lease's futex and file locks do not work across hosts, so jobs that share this "
+            "directory from two hosts would compute at once without an error. Use a directory "
+            "on a local file system of this host that every job of the group on it sees (a "
+            "tmpfs such as /dev/shm, or a local disk)");
+  }
+  out->dir = real;
+  out->path = (out->dir == "/" ? "" : out->dir) + name;
+  out->shared_group = shared_group;
+  out->dir_gid = st.st_gid;
+  return LeaseStatus::Ok();
+}
+
+// Opens the segment file, creating it if missing. In group mode the name appears only with
+// its final group and mode (made unnamed, then linked), so a peer of another uid never meets
+// a file it cannot open or must refuse.
+int OpenOrCreate(const SegmentFile& file) {
+  constexpr int kFlags = O_RDWR | O_CLOEXEC | O_NOFOLLOW;
+  if (!file.shared_group) return open(file.path.c_str(), kFlags | O_CREAT, 0600);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int fd = open(file.path.c_str(), kFlags);
+    if (fd >= 0 || errno != ENOENT) return fd;
+    const int unnamed = open(file.dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (unnamed < 0) return -1;
+    char proc[64];
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", unnamed);
+    const bool made = fchown(unnamed, static_cast<uid_t>(-1), file.dir_gid) == 0 &&
+                      fchmod(unnamed, 0660) == 0 &&
+                      linkat(AT_FDCWD, proc, AT_FDCWD, file.path.c_str(), AT_SYMLINK_FOLLOW) == 0;
+    const int saved = errno;
+    close(unnamed);
+    errno = saved;
+    if (!made && errno != EEXIST) return -1;  // EEXIST: a peer linked its own first
+  }
+  errno = ENOENT;
+  return -1;
+}
+
+LeaseStatus OpenError(const SegmentFile& file) {
+  std::string msg = Errno("crossover lease: cannot open segment " + file.path);
+  if (errno != EACCES && errno != EPERM) return LeaseStatus::Error(LeaseCode::kInternal, msg);
+  if (file.shared_group) {
+    msg += "; in group mode (shared_group) every job's user must be a member of the group of "
+           "the lease directory " + file.dir + " (gid " + std::to_string(file.dir_gid) +
+           "), which must let that group in (e.g. mode 2770)";
+  } else {
+    msg += "; it belongs to another user: jobs of several users share a lease in group mode "
+           "(shared_group), in a directory of a group they all belong to";
+  }
+  return LeaseStatus::Error(LeaseCode::kPermissionDenied, msg);
 }
 
 uint64_t PidNamespace() {
@@ -253,14 +392,14 @@ LeaseStatus InitShared(SharedLease* s) {
 }
 
 // Takes flock(LOCK_EX) on fd, waiting at most until deadline (flock itself has no timeout).
-LeaseStatus FlockBounded(int fd, const std::string& name, int64_t deadline) {
+LeaseStatus FlockBounded(int fd, const std::string& path, int64_t deadline) {
   for (int64_t sleep_us = 100;; sleep_us = std::min<int64_t>(sleep_us * 2, 10000)) {
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) return LeaseStatus::Ok();
-    if (errno != EWOULDBLOCK && errno != EINTR) return Internal("flock " + name);
+    if (errno != EWOULDBLOCK && errno != EINTR) return Internal("flock " + path);
     if (MonoNs() >= deadline) {
       return LeaseStatus::Error(
           LeaseCode::kDeadlineExceeded,
-          "lease segment " + SegmentPath(name) + " is being created or repaired by another "
+          "lease segment " + path + " is being created or repaired by another "
           "process that has not finished within " + std::to_string(kOpenBoundNs / kNsPerS) +
           " s (stopped or wedged?); resume or kill it");
     }
@@ -268,13 +407,36 @@ LeaseStatus FlockBounded(int fd, const std::string& name, int64_t deadline) {
   }
 }
 
-// A lease segment must be ours alone: another user's segment could be used to stall or fake
-// our jobs' turns, so refuse it rather than share or delete it.
-LeaseStatus CheckOwnership(const struct stat& st, const std::string& name) {
-  const std::string path = SegmentPath(name);
+// Group mode: the segment belongs to the lease directory's group and is 0660, whoever of
+// the group made it; anything else could be another group's and is refused, never deleted.
+LeaseStatus CheckGroupOwnership(const struct stat& st, const SegmentFile& file) {
+  if (st.st_gid != file.dir_gid) {
+    return LeaseStatus::Error(
+        LeaseCode::kPermissionDenied,
+        file.path + " belongs to group " + std::to_string(st.st_gid) + ", not to the group of "
+            "its lease directory (gid " + std::to_string(file.dir_gid) + "): in group mode a "
+            "lease segment must belong to the lease directory's group. Another group's jobs "
+            "use this name, or the file is stale: use another lease directory or group name, "
+            "or remove the file if no job uses it");
+  }
+  if ((st.st_mode & 07777) != 0660) {
+    return LeaseStatus::Error(
+        LeaseCode::kPermissionDenied,
+        file.path + " has permissions " + Octal(st.st_mode & 07777) + "; in group mode a "
+            "lease segment must be 0660 (its owner and the directory's group, nobody else). "
+            "Remove the file (no job should be using it) and start again");
+  }
+  return LeaseStatus::Ok();
+}
+
+// A lease segment must be ours alone (or, in group mode, our group's): another user's segment
+// could be used to stall or fake our jobs' turns, so refuse it rather than share or delete it.
+LeaseStatus CheckOwnership(const struct stat& st, const SegmentFile& file) {
+  const std::string& path = file.path;
   if (!S_ISREG(st.st_mode)) {
     return LeaseStatus::Error(LeaseCode::kPermissionDenied, path + " is not a regular file");
   }
+  if (file.shared_group) return CheckGroupOwnership(st, file);
   if (st.st_uid != geteuid()) {
     return LeaseStatus::Error(
         LeaseCode::kPermissionDenied,
@@ -283,20 +445,19 @@ LeaseStatus CheckOwnership(const struct stat& st, const std::string& name) {
             "group, or remove the file if it is stale");
   }
   if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return LeaseStatus::Error(
         LeaseCode::kPermissionDenied,
-        path + " has permissions " + mode + "; a lease segment must be private to its owner "
-        "(0600). Remove the file (no job should be using it) and start again");
+        path + " has permissions " + Octal(st.st_mode & 07777) + "; a lease segment must be "
+        "private to its owner (0600), unless jobs of several users share it in group mode "
+        "(shared_group). Remove the file (no job should be using it) and start again");
   }
   return LeaseStatus::Ok();
 }
 
 // True if the name still refers to the inode we hold open (it was not replaced meanwhile).
-bool NameRefersTo(const std::string& name, const struct stat& st) {
+bool NameRefersTo(const std::string& path, const struct stat& st) {
   struct stat named;
-  return stat(SegmentPath(name).c_str(), &named) == 0 && named.st_ino == st.st_ino &&
+  return lstat(path.c_str(), &named) == 0 && named.st_ino == st.st_ino &&
          named.st_dev == st.st_dev;
 }
 
@@ -338,6 +499,11 @@ std::string Describe(const Layout& l) {
   return l.legacy ? text + " (legacy header without a version field)" : text;
 }
 
+std::string LayoutMismatch(int fd, off_t size) {
+  return "found " + Describe(ReadLayout(fd, size)) + "; this build expects " +
+         Describe(OurLayout());
+}
+
 // Who is live on a segment of another layout: any fcntl lock (OFD or POSIX) on any byte of
 // the file. The layout's slot bytes may lie anywhere, so the whole file is tested: every
 // build since slot locks (layout 2) locks a byte per process, and from layout 5 on also the
@@ -359,13 +525,12 @@ std::string LiveProcess(int fd) {
 // A segment that is not of our layout may be replaced only if nobody is live on it: its
 // users would otherwise keep their own lease on the unlinked inode while we start another,
 // and one process of each build could hold the device at once.
-LeaseStatus CheckReplaceable(int fd, const std::string& name, off_t size) {
+LeaseStatus CheckReplaceable(int fd, const std::string& path, off_t size) {
   const std::string live = LiveProcess(fd);
   if (live.empty()) return LeaseStatus::Ok();
   return LeaseStatus::Error(
       LeaseCode::kPermissionDenied,
-      "lease segment " + SegmentPath(name) + " has another layout (found " +
-          Describe(ReadLayout(fd, size)) + "; this build expects " + Describe(OurLayout()) +
+      "lease segment " + path + " has another layout (" + LayoutMismatch(fd, size) +
           ") and is in use: " + live + ". Jobs built from another version of crossover_tf "
           "share this device; stop them (or let them finish) before starting this one, or use "
           "another group name");
@@ -391,23 +556,24 @@ bool IsOurLayout(const SharedLease* s) {
 // under flock() on its inode, so concurrent starters agree on one segment: a creator holds the
 // lock until the segment is initialised, and only the holder of the lock on the inode the
 // name currently refers to may unlink it.
-LeaseStatus OpenSegment(const std::string& name, int* fd_out, SharedLease** shared_out,
+LeaseStatus OpenSegment(const SegmentFile& file, int* fd_out, SharedLease** shared_out,
                         std::vector<std::string>* warnings) {
+  const std::string& path = file.path;
   const int64_t deadline = MonoNs() + kOpenBoundNs;
   for (int attempt = 0; attempt < kOpenAttempts; ++attempt) {
-    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return Internal("shm_open " + name);
+    const int fd = OpenOrCreate(file);
+    if (fd < 0) return OpenError(file);
     auto fail = [fd](LeaseStatus status) {
       close(fd);
       return status;
     };
-    LeaseStatus status = FlockBounded(fd, name, deadline);
+    LeaseStatus status = FlockBounded(fd, path, deadline);
     if (!status.ok()) return fail(status);
     struct stat st;
-    if (fstat(fd, &st) != 0) return fail(Internal("fstat " + name));
-    status = CheckOwnership(st, name);
+    if (fstat(fd, &st) != 0) return fail(Internal("fstat " + path));
+    status = CheckOwnership(st, file);
     if (!status.ok()) return fail(status);
-    if (!NameRefersTo(name, st)) {  // replaced by a repairer while we waited for the lock
+    if (!NameRefersTo(path, st)) {  // replaced by a repairer while we waited for the lock
       close(fd);
       continue;
     }
@@ -415,7 +581,7 @@ LeaseStatus OpenSegment(const std::string& name, int* fd_out, SharedLease** shar
     if (fresh && ftruncate(fd, sizeof(SharedLease)) != 0) return fail(Internal("ftruncate"));
     if (fresh || st.st_size == static_cast<off_t>(sizeof(SharedLease))) {
       void* p = mmap(nullptr, sizeof(SharedLease), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) return fail(Internal("mmap " + name));
+      if (p == MAP_FAILED) return fail(Internal("mmap " + path));
       auto* s = static_cast<SharedLease*>(p);
       if (fresh) {
         if (const int ms = g_init_delay_ms.load()) usleep(ms * 1000);
@@ -428,7 +594,7 @@ LeaseStatus OpenSegment(const std::string& name, int* fd_out, SharedLease** shar
       if (IsOurLayout(s)) {
         if (!HoldPresence(fd)) {  // nobody takes a write lock on that byte; never expected
           munmap(p, sizeof(SharedLease));
-          return fail(Internal("locking the presence byte of " + name));
+          return fail(Internal("locking the presence byte of " + path));
         }
         flock(fd, LOCK_UN);
         *fd_out = fd;
@@ -439,24 +605,69 @@ LeaseStatus OpenSegment(const std::string& name, int* fd_out, SharedLease** shar
     }
     // Another layout, garbage, or a creator that died before finishing. We hold the lock of
     // the inode the name refers to; replace it unless a process is live on it.
-    status = CheckReplaceable(fd, name, st.st_size);
+    status = CheckReplaceable(fd, path, st.st_size);
     if (!status.ok()) return fail(status);
-    warnings->push_back("replacing stale or incompatible segment " + SegmentPath(name) +
-                        " (" + Describe(ReadLayout(fd, st.st_size)) + "; nobody uses it)");
-    shm_unlink(name.c_str());
+    warnings->push_back("replacing stale or incompatible segment " + path + " (" +
+                        Describe(ReadLayout(fd, st.st_size)) + "; nobody uses it)");
+    // A sticky directory (e.g. /dev/shm) keeps another user's file: say so rather than retry.
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return fail(Internal("removing stale segment " + path));
+    }
     close(fd);
   }
-  return LeaseStatus::Error(LeaseCode::kInternal, "could not open lease segment " + name +
+  return LeaseStatus::Error(LeaseCode::kInternal, "could not open lease segment " + path +
                                                       " after " +
                                                       std::to_string(kOpenAttempts) + " tries");
+}
+
+// True while some open file description holds the lock byte of slot (or when that cannot be
+// told). fd must hold no slot lock itself, or its own slot reads as free.
+bool SlotLocked(int fd, int32_t slot) {
+  struct flock fl = {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = kSlotLockBase + slot;
+  fl.l_len = 1;
+  if (fd < 0 || fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
+  return fl.l_type != F_UNLCK;
+}
+
+// o is live: its slot still carries its nonce (not reused since) and the slot's byte is locked.
+bool OwnerLive(int fd, const SharedLease* s, const Owner& o) {
+  if (o.empty() || o.slot < 0 || o.slot >= kMaxProcesses) return false;
+  return s->slots[o.slot].nonce == o.nonce && SlotLocked(fd, o.slot);
+}
+
+// Who is live on the segment, read with its mutex held; dead entries are skipped, not repaired.
+LeaseSnapshot TakeSnapshot(int fd, const SharedLease* s) {
+  LeaseSnapshot snap;
+  for (int i = 0; i < kMaxProcesses; ++i) {
+    const Slot& slot = s->slots[i];
+    if (slot.nonce == 0 || !SlotLocked(fd, i)) continue;
+    snap.members.push_back(
+        LeaseMember{ReadJob(slot.job), slot.pid, slot.pid_ns, s->holder.nonce == slot.nonce});
+  }
+  if (OwnerLive(fd, s, s->holder)) snap.held_since_wall_ns = s->held_since_wall_ns;
+  const int64_t now = MonoNs();
+  for (int i = 0; i < std::clamp(s->queue.size, 0, kMaxWaiters); ++i) {
+    const Waiter& w = s->queue.entries[i];
+    if (w.deadline_mono_ns < now || !OwnerLive(fd, s, w.who)) continue;
+    snap.queue.push_back(LeaseWaiter{ReadJob(s->slots[w.who.slot].job), w.who.pid,
+                                     w.who.pid_ns, w.priority, w.since_wall_ns});
+  }
+  return snap;
 }
 
 std::mutex& RegistryMutex() {
   static std::mutex mu;
   return mu;
 }
-std::map<std::string, std::weak_ptr<DeviceLease>>& Registry() {
-  static auto* registry = new std::map<std::string, std::weak_ptr<DeviceLease>>();
+// Every lease this process opened, kept open until it exits: a process stays a member (its
+// slot locked) of every lease it joined. The TF kernels that reference a lease come and go
+// (tf.random.set_seed clears the eager kernel cache), and a member that vanished meanwhile
+// would fail its peers' join check while it waits for them at a barrier.
+std::map<std::string, std::shared_ptr<DeviceLease>>& Registry() {
+  static auto* registry = new std::map<std::string, std::shared_ptr<DeviceLease>>();
   return *registry;
 }
 
@@ -486,7 +697,7 @@ class DeviceLease::Locked {
     if (rc != 0 && rc != EOWNERDEAD) {
       return LeaseStatus::Error(LeaseCode::kInternal,
                                 "lease " + lease_->name_ + " is unusable (" + strerror(rc) +
-                                    "); stop its jobs and remove " + SegmentPath(lease_->name_));
+                                    "); stop its jobs and remove " + lease_->path_);
     }
     locked_ = true;
     s_->locker_pid.store(getpid());
@@ -562,6 +773,14 @@ LeaseStatus DeviceLease::ValidateName(const std::string& group, const std::strin
   return LeaseStatus::Ok();
 }
 
+LeaseStatus DeviceLease::ValidateJob(const std::string& job) {
+  if (job.empty() || ValidChars(job, kMaxJobLen, JobChar)) return LeaseStatus::Ok();
+  return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                            "crossover lease job label '" + job + "' is invalid: use 1-" +
+                                std::to_string(kMaxJobLen) +
+                                " characters from [A-Za-z0-9_.:@-] (or none: <host>:<pid>)");
+}
+
 LeaseStatus DeviceLease::ValidatePriority(int64_t priority) {
   if (priority >= kSecondary && priority <= kPrimary) return LeaseStatus::Ok();
   return LeaseStatus::Error(LeaseCode::kInvalidArgument,
@@ -603,7 +822,7 @@ struct ForkHandlers {
   static void Prepare() {
     RegistryMutex().lock();
     for (auto& entry : Registry()) {
-      if (auto lease = entry.second.lock()) ForkingLeases().push_back(lease);
+      if (entry.second) ForkingLeases().push_back(entry.second);
     }
     for (auto& lease : ForkingLeases()) lease->local_mu_.lock();
   }
@@ -623,30 +842,35 @@ struct ForkHandlers {
 };
 
 LeaseStatus DeviceLease::Get(const std::string& group, const std::string& device_key,
-                             std::shared_ptr<DeviceLease>* out) {
+                             std::shared_ptr<DeviceLease>* out, const LeaseOptions& options) {
   LeaseStatus status = ValidateName(group, device_key);
+  if (status.ok()) status = ValidateJob(options.job);
+  const std::string name = SegmentName(group, device_key);
+  SegmentFile file;
+  if (status.ok()) status = ResolveSegmentFile(options.dir, name, options.shared_group, &file);
   if (!status.ok()) return status;
   static std::once_flag fork_handlers;
   std::call_once(fork_handlers, [] {
     pthread_atfork(ForkHandlers::Prepare, ForkHandlers::Parent, ForkHandlers::Child);
   });
-  const std::string name = SegmentName(group, device_key);
   std::vector<std::string> warnings;
   {
     std::lock_guard<std::mutex> registry_lock(RegistryMutex());
-    if (auto existing = Registry()[name].lock()) {
-      *out = existing;
-      return LeaseStatus::Ok();
+    if (auto found = Registry().find(file.path); found != Registry().end()) {
+      const std::shared_ptr<DeviceLease>& existing = found->second;
+      status = existing->AdoptJob(options.job);
+      if (status.ok()) *out = existing;
+      return status;
     }
     int fd = -1;
     SharedLease* shared = nullptr;
-    status = OpenSegment(name, &fd, &shared, &warnings);
+    status = OpenSegment(file, &fd, &shared, &warnings);
     if (status.ok()) {
-      std::shared_ptr<DeviceLease> lease(new DeviceLease(name, fd, shared));
-      Owner me;
-      status = lease->Identity(&me);  // claims our slot; repairs state left by crashed runs
+      std::shared_ptr<DeviceLease> lease(
+          new DeviceLease(name, file.path, options.job, fd, shared));
+      status = lease->Register();  // claims our slot; repairs state left by crashed runs
       if (status.ok()) {
-        Registry()[name] = lease;
+        Registry()[file.path] = lease;
         *out = lease;
       }
     }
@@ -655,10 +879,13 @@ LeaseStatus DeviceLease::Get(const std::string& group, const std::string& device
   return status;
 }
 
-DeviceLease::DeviceLease(std::string name, int fd, SharedLease* shared)
+DeviceLease::DeviceLease(std::string name, std::string path, std::string job, int fd,
+                         SharedLease* shared)
     : name_(std::move(name)),
+      path_(std::move(path)),
       shared_(shared),
       lock_fd_(fd),
+      job_(std::move(job)),
       events_(kTimelineCapacity),
       turn_events_(kTimelineCapacity) {}
 
@@ -686,6 +913,11 @@ LeaseStatus DeviceLease::ClaimSlotLocked() {
     return LeaseStatus::Error(LeaseCode::kInternal,
                               "lease " + name_ + " could not be reopened after fork()");
   }
+  // Under the internal mutex, so that a slot's lock byte and its record change together for
+  // anyone who reads both under it (Inspect).
+  Locked locked(this);
+  LeaseStatus status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
+  if (!status.ok()) return status;
   int slot = -1;
   for (int i = 0; i < kMaxProcesses && slot < 0; ++i) {
     struct flock fl = {};
@@ -705,10 +937,11 @@ LeaseStatus DeviceLease::ClaimSlotLocked() {
                                   " processes already, the most one device supports");
   }
   const Owner me{RandomNonce(), slot, static_cast<int32_t>(getpid()), PidNamespace()};
-  Locked locked(this);
-  LeaseStatus status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
-  if (!status.ok()) return status;
-  shared_->slots[slot] = Slot{me.nonce, me.pid, me.pid_ns};
+  Slot& record = shared_->slots[slot];
+  record.nonce = me.nonce;
+  record.pid = me.pid;
+  record.pid_ns = me.pid_ns;
+  WriteJob(record.job, job_.empty() ? DefaultJob() : job_);
   locked.Unlock();
   me_ = me;
   my_nonce_.store(me.nonce);
@@ -740,15 +973,97 @@ void DeviceLease::ForgetIdentityAfterForkLocked() {
 bool DeviceLease::Alive(const Owner& o) const {
   if (o.empty()) return false;
   if (o.nonce == my_nonce_.load()) return true;
-  if (o.slot < 0 || o.slot >= kMaxProcesses) return false;
-  if (shared_->slots[o.slot].nonce != o.nonce) return false;  // slot reused since: o is gone
-  struct flock fl = {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = kSlotLockBase + o.slot;
-  fl.l_len = 1;
-  if (lock_fd_ < 0 || fcntl(lock_fd_, F_OFD_GETLK, &fl) != 0) return true;  // can't tell
-  return fl.l_type != F_UNLCK;
+  return OwnerLive(lock_fd_, shared_, o);
+}
+
+LeaseStatus DeviceLease::Register() {
+  Owner me;
+  return Identity(&me);
+}
+
+// A process is one job: a lease opened with the default label takes the first explicit one
+// (rewriting its slot's label), and a second, different explicit label is an error.
+LeaseStatus DeviceLease::AdoptJob(const std::string& job) {
+  if (job.empty()) return LeaseStatus::Ok();
+  std::lock_guard<std::mutex> local(local_mu_);
+  if (job_ == job) return LeaseStatus::Ok();
+  if (!job_.empty()) {
+    return LeaseStatus::Error(
+        LeaseCode::kInvalidArgument,
+        "crossover lease " + path_ + " is open in this process as job '" + job_ + "', not '" +
+            job + "': a process belongs to one job, so give every lease it opens one label");
+  }
+  job_ = job;
+  if (identity_pid_ != getpid()) return LeaseStatus::Ok();  // the next claim writes it
+  Locked locked(this);
+  const LeaseStatus status = locked.Lock(MonoNs() + kReleaseLockBoundNs);
+  if (!status.ok()) return status;
+  Slot& record = shared_->slots[me_.slot];
+  if (record.nonce == me_.nonce) WriteJob(record.job, job_);
+  return LeaseStatus::Ok();
+}
+
+LeaseStatus DeviceLease::SegmentPath(const std::string& dir, const std::string& group,
+                                     const std::string& device_key, std::string* path) {
+  LeaseStatus status = ValidateName(group, device_key);
+  SegmentFile file;
+  if (status.ok()) status = ResolveSegmentFile(dir, SegmentName(group, device_key), false, &file);
+  if (status.ok()) *path = file.path;
+  return status;
+}
+
+// Reads the segment like a member would, minus everything that makes one: a fresh open file
+// description (no presence or slot lock, so it counts for nobody), no O_CREAT, no repair.
+LeaseStatus DeviceLease::Inspect(const std::string& path, double bound_s, LeaseSnapshot* out) {
+  if (!(std::isfinite(bound_s) && bound_s > 0 && bound_s <= kMaxInspectBoundS)) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "crossover lease inspection bound must be in (0, " +
+                                  std::to_string(static_cast<int>(kMaxInspectBoundS)) + "] s");
+  }
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    return LeaseStatus::Error(errno == ENOENT ? LeaseCode::kInvalidArgument
+                                              : LeaseCode::kPermissionDenied,
+                              Errno("crossover lease: cannot inspect " + path));
+  }
+  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
+    close(*f);
+    delete f;
+  });
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Internal("fstat " + path);
+  if (!S_ISREG(st.st_mode) || st.st_size != static_cast<off_t>(sizeof(SharedLease))) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "lease segment " + path + " has another layout (" +
+                                  LayoutMismatch(fd, st.st_size) + ") or is being created");
+  }
+  void* p = mmap(nullptr, sizeof(SharedLease), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return Internal("mmap " + path);
+  std::unique_ptr<void, void (*)(void*)> unmapper(p, [](void* q) { munmap(q, sizeof(SharedLease)); });
+  auto* s = static_cast<SharedLease*>(p);
+  if (!IsOurLayout(s)) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "lease segment " + path + " has another layout (" +
+                                  LayoutMismatch(fd, st.st_size) + ") or is being created");
+  }
+  const timespec abs = ToTimespec(MonoNs() + static_cast<int64_t>(bound_s * 1e9));
+  const int rc = pthread_mutex_clocklock(&s->mu, CLOCK_MONOTONIC, &abs);
+  if (rc == ETIMEDOUT) {
+    return LeaseStatus::Error(
+        LeaseCode::kDeadlineExceeded,
+        "crossover lease " + path + ": its internal lock is held by pid " +
+            std::to_string(s->locker_pid.load()) + ", which has not let go within " +
+            std::to_string(bound_s) + " s (a stopped or wedged process?)");
+  }
+  if (rc != 0 && rc != EOWNERDEAD) {
+    return LeaseStatus::Error(LeaseCode::kInternal,
+                              "lease " + path + " is unusable (" + strerror(rc) + ")");
+  }
+  // A dead locker: the next member's lock repairs what it left (DropDead runs on every lock).
+  if (rc == EOWNERDEAD) pthread_mutex_consistent(&s->mu);
+  *out = TakeSnapshot(fd, s);
+  pthread_mutex_unlock(&s->mu);
+  return LeaseStatus::Ok();
 }
 
 // ----- acquire and release ----------------------------------------------------------------

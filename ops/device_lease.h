@@ -1,7 +1,12 @@
 // Cross-process device lease: lets training jobs on one host take turns on one device.
 //
-// The lease lives in a POSIX shared-memory segment named "/crossover.<group>.<device_key>" so
-// every process on the host that names the same group and device shares it. It is plain C++
+// The lease lives in a segment file "<dir>/crossover.<group>.<device_key>", mapped shared, so
+// every process on the host that names the same directory, group and device shares it. The
+// directory is /dev/shm unless the caller names another (LeaseOptions::dir): containers and
+// Slurm's job_container/tmpfs give each job its own /dev/shm, so jobs that must take turns
+// share a directory instead. It must be on a local file system of the host: a network (or
+// FUSE) file system is refused, since the futex and the file locks below do not work across
+// hosts. It is plain C++
 // (no TensorFlow), so it can be tested on its own (device_lease_test.cc, lease_cli.cc);
 // lease_ops.cc wraps it in TF ops.
 //
@@ -25,6 +30,12 @@
 //  * Bounded waits: acquire has a timeout, and so does the wait for the internal mutex (a
 //    process stopped inside it, e.g. Ctrl-Z, gives a clear error, not a hang).
 //  * fork(): a child never inherits its parent's hold; it gets its own identity on first use.
+//  * Membership: every process that opens the lease is a member, under its job's label kept in
+//    its slot; Inspect() lists the live members, the holder and the queue without joining
+//    (no slot, no creation, no repair, the internal mutex waited for with a bound).
+//  * Several users (LeaseOptions::shared_group): segment files are 0660 and belong to the
+//    directory's group; a segment of another group or with other bits is refused, never
+//    deleted (without group mode: a segment not ours or not 0600, likewise).
 //
 // The same segment also keeps the jobs' *link turn*: the order in which the jobs of the group
 // run their gradient allreduces, so that they use the network one at a time instead of
@@ -66,6 +77,8 @@ struct LeaseStatus {
 // Limits, one source for C++ (the Python side mirrors the name limits in segments.py).
 constexpr size_t kMaxGroupLen = 64;
 constexpr size_t kMaxDeviceKeyLen = 32;
+constexpr size_t kMaxJobLen = 64;   // a member's job label: [A-Za-z0-9_.:@-]
+constexpr const char* kDefaultLeaseDir = "/dev/shm";
 constexpr int kMaxWaiters = 64;     // waiting threads, all processes together
 constexpr int kMaxProcesses = 64;   // processes that have one lease open at once
 constexpr double kMaxTimeoutS = 30.0 * 24 * 3600;  // acquire timeouts above this are refused
@@ -183,14 +196,57 @@ struct WaiterQueue {
 
 struct SharedLease;  // layout in shared memory; defined in device_lease.cc
 
+// The name of a file system type (statfs f_type) a lease directory must not be on, because
+// the lease's futex and file locks do not work across hosts there; nullptr if it is local.
+const char* NonLocalFileSystem(int64_t f_type);
+
+// Where a lease's segment lives and who this process is on it (DeviceLease::Get).
+struct LeaseOptions {
+  std::string dir;            // "": kDefaultLeaseDir; must exist, on a local file system
+  bool shared_group = false;  // several users: segments 0660, of the directory's group
+  std::string job;            // this process's job label; "": "<host>:<pid>"
+};
+
+// Who is on a lease, as Inspect() saw it at one moment.
+struct LeaseMember {
+  std::string job;
+  int32_t pid = 0;
+  uint64_t pid_ns = 0;
+  bool holding = false;
+};
+struct LeaseWaiter {  // one waiting thread, in queue order
+  std::string job;
+  int32_t pid = 0;
+  uint64_t pid_ns = 0;
+  int32_t priority = kNormal;
+  int64_t since_wall_ns = 0;
+};
+struct LeaseSnapshot {
+  std::vector<LeaseMember> members;  // live slots
+  std::vector<LeaseWaiter> queue;
+  int64_t held_since_wall_ns = 0;    // 0: free
+};
+
 class DeviceLease {
  public:
   // Returns the process-wide lease for (group, device_key), opening or creating the segment.
   // Names may use [A-Za-z0-9_-], group up to kMaxGroupLen chars, device_key up to
   // kMaxDeviceKeyLen.
+  // The process-wide registry keys leases by segment path (options.dir resolved, so every
+  // spelling of one directory is one lease); a lease open already keeps the ownership rule it
+  // was opened with. A process is one job: opening a lease it has open already under another
+  // explicit job label is an error (the default label gives way to the first explicit one).
   static LeaseStatus Get(const std::string& group, const std::string& device_key,
-                         std::shared_ptr<DeviceLease>* out);
+                         std::shared_ptr<DeviceLease>* out,
+                         const LeaseOptions& options = LeaseOptions());
   static LeaseStatus ValidateName(const std::string& group, const std::string& device_key);
+  static LeaseStatus ValidateJob(const std::string& job);  // "" (the default label) is valid
+  // The segment file of (dir, group, device_key), dir checked as Get() checks it.
+  static LeaseStatus SegmentPath(const std::string& dir, const std::string& group,
+                                 const std::string& device_key, std::string* path);
+  // Reads who is on the segment file at path without becoming a member: it never creates,
+  // claims a slot, or repairs, and waits for the internal mutex at most bound_s.
+  static LeaseStatus Inspect(const std::string& path, double bound_s, LeaseSnapshot* out);
   static LeaseStatus ValidateTimeout(double timeout_s);
   static LeaseStatus ValidatePriority(int64_t priority);
   static LeaseStatus ValidateReserve(double reserve_s);
@@ -233,9 +289,14 @@ class DeviceLease {
   TurnStats GetTurnStats() const;
   std::vector<TurnEvent> TurnTimeline() const;
 
+  // Claims this process's slot (membership) if it has none; Get() already does, so this only
+  // matters after fork(). Idempotent.
+  LeaseStatus Register();
+
   LeaseStats Stats() const;
   std::vector<LeaseEvent> Timeline() const;
   const std::string& name() const { return name_; }
+  const std::string& path() const { return path_; }
 
   DeviceLease(const DeviceLease&) = delete;
   DeviceLease& operator=(const DeviceLease&) = delete;
@@ -245,11 +306,12 @@ class DeviceLease {
   class Locked;
   friend struct LeaseTestHooks;
   friend struct ForkHandlers;
-  DeviceLease(std::string name, int fd, SharedLease* shared);
+  DeviceLease(std::string name, std::string path, std::string job, int fd, SharedLease* shared);
 
   // This process's identity, claimed on first use and again after fork().
   LeaseStatus Identity(Owner* me);
   LeaseStatus ClaimSlotLocked();
+  LeaseStatus AdoptJob(const std::string& job);
   void ForgetIdentityAfterForkLocked();
   bool Alive(const Owner& o) const;
   LeaseStatus WaitForTurn(Locked* locked, const Owner& me, int32_t priority, int64_t deadline,
@@ -263,12 +325,14 @@ class DeviceLease {
   void RecordReleased(int64_t released_wall, int64_t released_mono);
 
   const std::string name_;
+  const std::string path_;
   SharedLease* const shared_;
   std::atomic<uint64_t> my_nonce_{0};    // read lock-free by liveness checks
   std::atomic<uint64_t> recoveries_{0};  // repairs this process made
   mutable std::mutex local_mu_;  // guards what follows; never held while waiting for the lease
   int lock_fd_;                  // the segment, O_CLOEXEC; carries this process's slot lock
   pid_t identity_pid_ = 0;       // the process that claimed me_ (differs after fork)
+  std::string job_;              // explicit job label; "": "<host>:<pid>" at each claim
   Owner me_;
   LeaseStats stats_;
   EventRing<LeaseEvent> events_;

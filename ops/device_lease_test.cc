@@ -50,22 +50,40 @@ double MonoS() {
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-// A group of our own for each test; its segment is removed when the test ends.
+// A group of our own for each test, in /dev/shm or in dir; its segment is removed when the
+// test ends.
 struct TestGroup {
   std::string group, key = "dev";
-  explicit TestGroup(const std::string& test) {
+  LeaseOptions options;
+  explicit TestGroup(const std::string& test, const std::string& dir = "") {
     group = "ut" + std::to_string(getpid()) + "-" + test;
-    shm_unlink(Name().c_str());
+    options.dir = dir;
+    unlink(Path().c_str());
   }
-  ~TestGroup() { shm_unlink(Name().c_str()); }
-  std::string Name() const { return "/crossover." + group + "." + key; }
-  std::string Path() const { return "/dev/shm" + Name(); }
-  std::shared_ptr<DeviceLease> Open() const {
+  ~TestGroup() { unlink(Path().c_str()); }
+  std::string Path() const {
+    return (options.dir.empty() ? kDefaultLeaseDir : options.dir) + "/crossover." + group + "." +
+           key;
+  }
+  std::shared_ptr<DeviceLease> Open(const std::string& job = "") const {
     std::shared_ptr<DeviceLease> lease;
-    const LeaseStatus status = DeviceLease::Get(group, key, &lease);
+    LeaseOptions with_job = options;
+    with_job.job = job;
+    const LeaseStatus status = DeviceLease::Get(group, key, &lease, with_job);
     EXPECT(status.ok(), status.message);
     return lease;
   }
+};
+
+// A fresh directory under /tmp, removed (empty) at the end of the test.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char name[] = "/tmp/crossover-ut-XXXXXX";
+    EXPECT(mkdtemp(name) != nullptr, "mkdtemp");
+    path = name;
+  }
+  ~TempDir() { rmdir(path.c_str()); }
 };
 
 bool Contains(const std::string& s, const std::string& part) {
@@ -717,12 +735,168 @@ void TestOlderLayoutInUseIsRefused() {
   EXPECT(refused.code == LeaseCode::kPermissionDenied &&
              Contains(refused.message, "found 4800 bytes") &&
              Contains(refused.message, "layout version 3 (legacy") &&
-             Contains(refused.message, "layout version 5") && Contains(refused.message, "in use"),
+             Contains(refused.message, "layout version 6") && Contains(refused.message, "in use"),
          refused.message);
   EXPECT(kept, "a segment in use was replaced");
   const LeaseStatus replaced = DeviceLease::Get(g.group, g.key, &lease);
   EXPECT(replaced.ok(), "not replaced once nobody used it: " << replaced.message);
   EXPECT(lease->Acquire(1, 0).ok() && lease->Release().ok(), "acquire on the new segment");
+}
+
+
+// A lease directory holds the segment as a plain file; another directory (or /dev/shm) with
+// the same names is another lease. A bad directory fails with a message naming it.
+void TestLeaseDirectory() {
+  TempDir dir;
+  TestGroup g("dir", dir.path), shm("dir");
+  auto lease = g.Open();
+  struct stat st;
+  EXPECT(stat(g.Path().c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0600,
+         "no private segment file at " << g.Path());
+  EXPECT(lease->path() == g.Path(), lease->path());
+  EXPECT(lease->Acquire(1, 0).ok(), "acquire in the directory");
+  EXPECT(InChild([&] { return g.Open()->Acquire(0.3, 0).code == LeaseCode::kDeadlineExceeded ? 0 : 1; }) == 0,
+         "a peer in the same directory did not wait");
+  EXPECT(InChild([&] { return shm.Open()->Acquire(0.3, 0).ok() ? 0 : 1; }) == 0,
+         "/dev/shm and the directory are the same lease");
+  lease->Release();
+  std::shared_ptr<DeviceLease> none;
+  LeaseOptions missing;
+  missing.dir = dir.path + "/absent";
+  LeaseStatus s = DeviceLease::Get(g.group, g.key, &none, missing);
+  EXPECT(s.code == LeaseCode::kInvalidArgument && Contains(s.message, missing.dir) &&
+             Contains(s.message, "must exist"), s.message);
+  LeaseOptions file;
+  file.dir = g.Path();
+  s = DeviceLease::Get(g.group, g.key, &none, file);
+  EXPECT(s.code == LeaseCode::kInvalidArgument && Contains(s.message, "is not a directory"),
+         s.message);
+}
+
+void TestNetworkFileSystemsRefused() {
+  for (int64_t magic : {0x6969L, 0x517BL, 0xFF534D42L, 0xFE534D42L, 0x01021997L, 0x00C36400L,
+                        0x65735546L}) {
+    EXPECT(NonLocalFileSystem(magic) != nullptr, "not refused: " << std::hex << magic);
+  }
+  for (int64_t magic : {0x01021994L /* tmpfs */, 0xEF53L /* ext4 */, 0x58465342L /* xfs */}) {
+    EXPECT(NonLocalFileSystem(magic) == nullptr, "refused: " << std::hex << magic);
+  }
+  EXPECT(std::string(NonLocalFileSystem(0x6969)) == "nfs", "name");
+}
+
+// Every process that opens the lease is a member under its job label; Inspect lists members,
+// holder and queue without becoming a member and without creating anything.
+void TestMembersAndInspect() {
+  TempDir dir;
+  TestGroup g("members", dir.path);
+  auto lease = g.Open("jobA");
+  HolderChild holder(g);  // a child of jobA (it inherits the label) holds
+  std::thread waiter([&] { lease->Acquire(5, 0); lease->Release(); });
+  LeaseSnapshot snap;
+  for (int i = 0; i < 200 && snap.queue.empty(); ++i) {
+    EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok(), "inspect");
+    usleep(10000);
+  }
+  EXPECT(snap.members.size() == 2, snap.members.size() << " members");
+  int holding = 0;
+  for (const LeaseMember& m : snap.members) {
+    EXPECT(m.job == "jobA" && m.pid_ns != 0, m.job);
+    holding += m.holding ? (m.pid == holder.pid ? 1 : 100) : 0;
+  }
+  EXPECT(holding == 1, "the holder is not the held member");
+  EXPECT(snap.held_since_wall_ns > 0, "no hold time");
+  EXPECT(snap.queue.size() == 1 && snap.queue[0].pid == getpid() &&
+             snap.queue[0].job == "jobA" && snap.queue[0].priority == kNormal,
+         snap.queue.size() << " waiting");
+  EXPECT(holder.LetGo() == 0, "holder");
+  waiter.join();
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok(), "inspect");
+  EXPECT(snap.members.size() == 1 && !snap.members[0].holding && snap.queue.empty() &&
+             snap.held_since_wall_ns == 0, snap.members.size() << " members after");
+  const std::string absent = dir.path + "/crossover.none.dev";
+  const LeaseStatus s = DeviceLease::Inspect(absent, 1, &snap);
+  struct stat st;
+  EXPECT(!s.ok() && Contains(s.message, absent) && stat(absent.c_str(), &st) != 0, s.message);
+}
+
+void TestJobLabels() {
+  TestGroup g("jobs");
+  std::shared_ptr<DeviceLease> lease;
+  LeaseOptions bad;
+  bad.job = "a b";
+  LeaseStatus s = DeviceLease::Get(g.group, g.key, &lease, bad);
+  EXPECT(s.code == LeaseCode::kInvalidArgument && Contains(s.message, "job label 'a b'"),
+         s.message);
+  EXPECT(DeviceLease::ValidateJob(std::string(kMaxJobLen, 'j')).ok() &&
+             !DeviceLease::ValidateJob(std::string(kMaxJobLen + 1, 'j')).ok() &&
+             DeviceLease::ValidateJob("").ok() && DeviceLease::ValidateJob("h.x:12@a_b-c").ok(),
+         "label rule");
+  auto plain = g.Open();  // the default label, "<host>:<pid>"
+  LeaseSnapshot snap;
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.members.size() == 1, "inspect");
+  const std::string suffix = ":" + std::to_string(getpid());
+  const std::string& label = snap.members[0].job;
+  EXPECT(label.size() > suffix.size() && label.compare(label.size() - suffix.size(),
+                                                       suffix.size(), suffix) == 0, label);
+  EXPECT(g.Open("trainer")->path() == plain->path(), "a first explicit label is adopted");
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.members.size() == 1 &&
+             snap.members[0].job == "trainer", snap.members[0].job);
+  LeaseOptions other;
+  other.job = "other";
+  s = DeviceLease::Get(g.group, g.key, &lease, other);
+  EXPECT(s.code == LeaseCode::kInvalidArgument && Contains(s.message, "as job 'trainer'"),
+         s.message);
+}
+
+// Group mode (root only: it makes a directory of another group): segments are created 0660
+// and of the directory's group whatever the umask; one of another group or with other bits
+// is refused and kept.
+void TestGroupMode() {
+  if (geteuid() != 0) {
+    printf("[SKIP] group_mode: needs root to chown a directory to another group\n");
+    return;
+  }
+  TempDir dir;
+  constexpr gid_t kGroup = 62000;
+  EXPECT(chown(dir.path.c_str(), 0, kGroup) == 0 && chmod(dir.path.c_str(), 02770) == 0, "dir");
+  TestGroup g("groupmode", dir.path), planted("planted", dir.path);
+  g.options.shared_group = planted.options.shared_group = true;
+  const mode_t old_umask = umask(077);
+  auto lease = g.Open();
+  umask(old_umask);
+  struct stat st;
+  EXPECT(stat(g.Path().c_str(), &st) == 0 && (st.st_mode & 07777) == 0660 && st.st_gid == kGroup,
+         "segment mode " << std::oct << (st.st_mode & 07777) << " gid " << std::dec << st.st_gid);
+  EXPECT(lease->Acquire(1, 0).ok() && lease->Release().ok(), "acquire in group mode");
+  std::shared_ptr<DeviceLease> refused;
+  LeaseStatus s;
+  struct Case { gid_t gid; mode_t mode; const char* says; };
+  for (const Case& c : {Case{kGroup + 1, 0660, "belongs to group 62001"},
+                        Case{kGroup, 0664, "permissions 0664"}}) {
+    const int fd = open(planted.Path().c_str(), O_CREAT | O_RDWR, 0600);
+    EXPECT(fd >= 0 && fchown(fd, 0, c.gid) == 0 && fchmod(fd, c.mode) == 0, "planting");
+    close(fd);
+    s = DeviceLease::Get(planted.group, planted.key, &refused, planted.options);
+    EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, c.says), s.message);
+    EXPECT(stat(planted.Path().c_str(), &st) == 0, "a refused segment must not be deleted");
+    unlink(planted.Path().c_str());
+  }
+  LeaseOptions not_group = g.options;
+  not_group.shared_group = false;
+  TestGroup fresh("groupmode2", dir.path);  // a 0660 segment opened without group mode
+  fresh.options.shared_group = true;
+  // Made by another process: this one keeps every lease it opened, whatever options it asks.
+  const pid_t maker = fork();
+  if (maker == 0) {
+    fresh.Open();
+    _exit(0);
+  }
+  int maker_status = 0;
+  EXPECT(maker > 0 && waitpid(maker, &maker_status, 0) == maker && maker_status == 0,
+         "making the group-mode segment in a child");
+  s = DeviceLease::Get(fresh.group, fresh.key, &refused, not_group);
+  EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "permissions 0660"),
+         s.message);
 }
 
 const Test kTests[] = {
@@ -746,6 +920,11 @@ const Test kTests[] = {
     {"waiter_stuck_on_internal_lock_leaves_no_ticket",
      TestWaiterStuckOnInternalLockLeavesNoTicket},
     {"older_layout_in_use_is_refused", TestOlderLayoutInUseIsRefused},
+    {"lease_directory", TestLeaseDirectory},
+    {"network_file_systems_refused", TestNetworkFileSystemsRefused},
+    {"members_and_inspect", TestMembersAndInspect},
+    {"job_labels", TestJobLabels},
+    {"group_mode", TestGroupMode},
 };
 
 }  // namespace

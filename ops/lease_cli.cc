@@ -15,6 +15,9 @@
 // build/lease_cli_other_layout is the same CLI built with another segment layout (ops/Makefile),
 // to run jobs of two builds against one segment.
 //
+// Environment (as a deployment would set it): CROSSOVER_LEASE_DIR (the lease directory, default
+// /dev/shm), CROSSOVER_LEASE_SHARED_GROUP=1 (group mode), CROSSOVER_LEASE_JOB (the job label).
+//
 // Every mode bounds its loops in count and time. The last line printed is a summary of
 // key=value pairs that the tests parse; the exit code is 0 unless the mode itself failed.
 #include <fcntl.h>
@@ -55,15 +58,31 @@ int64_t MonoNs() {
   exit(2);
 }
 
+std::string Env(const char* name) {
+  const char* value = getenv(name);
+  return value ? value : "";
+}
+
+crossover::LeaseOptions OptionsFromEnv() {
+  crossover::LeaseOptions options;
+  options.dir = Env("CROSSOVER_LEASE_DIR");
+  options.shared_group = Env("CROSSOVER_LEASE_SHARED_GROUP") == "1";
+  options.job = Env("CROSSOVER_LEASE_JOB");
+  return options;
+}
+
 std::shared_ptr<DeviceLease> Open(const std::string& group, const std::string& key) {
   std::shared_ptr<DeviceLease> lease;
-  const LeaseStatus status = DeviceLease::Get(group, key, &lease);
+  const LeaseStatus status = DeviceLease::Get(group, key, &lease, OptionsFromEnv());
   if (!status.ok()) Die(status.message);
   return lease;
 }
 
 void Unlink(const std::string& group, const std::string& key) {
-  shm_unlink(("/crossover." + group + "." + key).c_str());
+  std::string path;
+  if (DeviceLease::SegmentPath(Env("CROSSOVER_LEASE_DIR"), group, key, &path).ok()) {
+    unlink(path.c_str());
+  }
 }
 
 // Shared between a driver and the workers it forks: who is on the device right now, so that a
@@ -186,7 +205,10 @@ int StaleRace(char** argv) {
   for (int t = 0; t < trials; ++t) {
     const std::string key = "race" + std::to_string(t);
     Unlink(group, key);
-    const std::string path = "/dev/shm/crossover." + group + "." + key;
+    std::string path;
+    if (!DeviceLease::SegmentPath(Env("CROSSOVER_LEASE_DIR"), group, key, &path).ok()) {
+      Die("bad lease directory or names");
+    }
     const int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
     if (fd < 0 || write(fd, "garbage", 7) != 7) Die("planting " + path);
     close(fd);

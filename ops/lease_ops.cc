@@ -58,15 +58,20 @@ void GetCheckedAttr(OpKernelConstruction* ctx, const char* name, float* value,
   OP_REQUIRES_OK(ctx, ToTf(check(*value)));
 }
 
-// Resolves the lease named by the kernel's group/device_key attrs at construction, so a bad
-// name fails when the graph is instantiated rather than mid-training.
+// Resolves the lease named by the kernel's attrs (group, device_key, lease_dir, shared_group,
+// job) at construction, so a bad name or directory fails when the graph is instantiated rather
+// than mid-training. Opening the lease makes this process a member.
 class LeaseKernel : public OpKernel {
  public:
   explicit LeaseKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
     std::string group, device_key;
+    LeaseOptions options;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("group", &group));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("device_key", &device_key));
-    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::Get(group, device_key, &lease_)));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("lease_dir", &options.dir));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_group", &options.shared_group));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("job", &options.job));
+    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::Get(group, device_key, &lease_, options)));
   }
 
  protected:
@@ -210,6 +215,58 @@ class TurnDoneOp : public LeaseKernel {
   }
 };
 
+class RegisterLeaseOp : public LeaseKernel {
+ public:
+  using LeaseKernel::LeaseKernel;
+  void Compute(OpKernelContext* ctx) override { OP_REQUIRES_OK(ctx, ToTf(lease_->Register())); }
+};
+
+// Writes rows as an [n, kColumns] int64 matrix to output `index`, and their job labels to
+// output `index + 1`.
+template <size_t kColumns, typename Item>
+void OutputRows(OpKernelContext* ctx, int index, const std::vector<Item>& items,
+                std::array<int64_t, kColumns> (*row)(const Item&)) {
+  const int64_t n = static_cast<int64_t>(items.size());
+  Tensor* rows = nullptr;
+  Tensor* jobs = nullptr;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(index, TensorShape({n, kColumns}), &rows));
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(index + 1, TensorShape({n}), &jobs));
+  auto m = rows->matrix<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const std::array<int64_t, kColumns> values = row(items[i]);
+    for (size_t j = 0; j < kColumns; ++j) m(i, j) = values[j];
+    jobs->flat<tensorflow::tstring>()(i) = items[i].job;
+  }
+}
+
+std::array<int64_t, 3> MemberRow(const LeaseMember& m) {
+  return {m.pid, static_cast<int64_t>(m.pid_ns), m.holding ? 1 : 0};
+}
+std::array<int64_t, 4> WaiterRow(const LeaseWaiter& w) {
+  return {w.pid, static_cast<int64_t>(w.pid_ns), w.priority, w.since_wall_ns};
+}
+
+// Reads a segment file as an observer (DeviceLease::Inspect): never a member, never creating.
+class InspectLeaseOp : public OpKernel {
+ public:
+  explicit InspectLeaseOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bound_seconds", &bound_s_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    LeaseSnapshot snap;
+    const std::string path(ctx->input(0).scalar<tensorflow::tstring>()());
+    OP_REQUIRES_OK(ctx, ToTf(DeviceLease::Inspect(path, bound_s_, &snap)));
+    OutputRows<3>(ctx, 0, snap.members, MemberRow);
+    OutputRows<4>(ctx, 2, snap.queue, WaiterRow);
+    Tensor* held_since = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &held_since));
+    held_since->scalar<int64_t>()() = snap.held_since_wall_ns;
+  }
+
+ private:
+  float bound_s_ = 2;
+};
+
 // Writes events as an [n, 4] int64 matrix of their Row()s, oldest first.
 template <typename Event>
 void OutputEvents(OpKernelContext* ctx, const std::vector<Event>& events) {
@@ -237,10 +294,17 @@ class TurnTimelineOp : public LeaseKernel {
 
 }  // namespace
 
-// Every op names its lease (group, device_key) and is stateful, so grappler never prunes,
-// dedups or reorders it.
-#define LEASE_OP(name) \
-  REGISTER_OP(name).Attr("group: string").Attr("device_key: string").SetIsStateful()
+// Every op names its lease (group, device_key, and the segment's directory: "" is /dev/shm),
+// says how the segment is shared (shared_group) and who this process is on it (job: "" is
+// "<host>:<pid>"), and is stateful, so grappler never prunes, dedups or reorders it.
+#define LEASE_OP(name)                                                             \
+  REGISTER_OP(name)                                                                \
+      .Attr("group: string")                                                       \
+      .Attr("device_key: string")                                                  \
+      .Attr("lease_dir: string = ''")                                              \
+      .Attr("shared_group: bool = false")                                          \
+      .Attr("job: string = ''")                                                    \
+      .SetIsStateful()
 
 LEASE_OP("CrossoverAcquireLease")
     .Input("inputs: T")
@@ -340,6 +404,38 @@ LEASE_OP("CrossoverLinkTurnDone")
 Marks this job's current link turn done once its inputs (the allreduced gradients) exist.
 )doc");
 
+LEASE_OP("CrossoverLeaseRegister")
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Makes this process a member of the lease (claims its slot, with its job label) now rather
+than at its first acquire. Idempotent; never holds the device.
+)doc");
+
+REGISTER_OP("CrossoverLeaseInspect")
+    .Input("path: string")
+    .Output("members: int64")
+    .Output("member_jobs: string")
+    .Output("waiters: int64")
+    .Output("waiter_jobs: string")
+    .Output("held_since_ns: int64")
+    .Attr("bound_seconds: float = 2")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->UnknownDim(), 3));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      c->set_output(2, c->Matrix(c->UnknownDim(), 4));
+      c->set_output(3, c->Vector(c->UnknownDim()));
+      c->set_output(4, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Who is on the lease segment file at `path`, read without becoming a member (no slot, no
+creation, no repair; the internal mutex is waited for at most bound_seconds): the live members
+[pid, pid_ns, holding] and their job labels, the waiting threads in queue order
+[pid, pid_ns, priority, since_ns] and their job labels, and since when the holder holds
+(CLOCK_REALTIME ns; 0: free). Never holds the device.
+)doc");
+
 absl::Status EventMatrixShape(InferenceContext* c) {
   c->set_output(0, c->Matrix(c->UnknownDim(), 4));
   return absl::OkStatus();
@@ -373,6 +469,8 @@ REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnStart").Device(DEVICE_CPU), TurnS
 REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnLeave").Device(DEVICE_CPU), TurnLeaveOp);
 REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnWait").Device(DEVICE_CPU), TurnWaitOp);
 REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnDone").Device(DEVICE_CPU), TurnDoneOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLeaseRegister").Device(DEVICE_CPU), RegisterLeaseOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLeaseInspect").Device(DEVICE_CPU), InspectLeaseOp);
 
 // GPU: the pass-through tensors stay in device memory (forwarded, never copied); only the
 // lease bookkeeping runs on the host. Stats, timeline, join, start and leave are host-only.

@@ -8,6 +8,10 @@ Modes (argv[1]):
   acquire GROUP KEY TIMEOUT OUT    one acquire; write the wall time it succeeded (or the error);
                                    OUT with suffix .started is written just before it
   exit_holding GROUP KEY           acquire and exit without releasing
+  join GROUP KEY JOB JOBS TIMEOUT OUT
+                                   as job JOB, wait_for_jobs(JOBS, TIMEOUT); write the members
+                                   seen (or the GroupIncomplete message) to OUT (JSON)
+The lease directory is $CROSSOVER_LEASE_DIR (else /dev/shm), as in a deployment.
 """
 from __future__ import annotations
 
@@ -19,12 +23,14 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from crossover_tf.lease import DeviceLease  # noqa: E402
+from crossover_tf.lease import DeviceLease, GroupIncomplete  # noqa: E402
 from experiments.barrier import wait_at_barrier  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     mode, group, key = argv[1], argv[2], argv[3]
+    if mode == "join":
+        return join(group, key, argv[4], int(argv[5]), float(argv[6]), pathlib.Path(argv[7]))
     lease = DeviceLease(group, key, timeout_s=float(argv[4]) if mode == "acquire" else 30.0)
     if mode == "cycles":
         n, hold_s, out = int(argv[4]), float(argv[5]) / 1000.0, argv[6]
@@ -61,6 +67,18 @@ def main(argv: list[str]) -> int:
         os._exit(0)
     else:
         raise SystemExit(f"unknown mode {mode}")
+    return 0
+
+
+def join(group: str, key: str, job: str, jobs: int, timeout_s: float, out: pathlib.Path) -> int:
+    lease = DeviceLease(group, key, job=job)
+    try:
+        members = lease.wait_for_jobs(jobs, timeout_s)
+        result = {"path": str(lease.path), "jobs": sorted({m.job for m in members})}
+        time.sleep(1.0)  # stay a member while the peers take their look
+    except GroupIncomplete as e:  # reported to the test, which asserts on it
+        result = {"path": str(lease.path), "error": str(e)}
+    out.write_text(json.dumps(result))
     return 0
 
 

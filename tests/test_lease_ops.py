@@ -2,6 +2,7 @@
 multi-process contention, crash recovery and timeouts."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -173,6 +174,7 @@ def _wait_for(path: pathlib.Path, timeout: float) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_processes_mutual_exclusion_and_alternation(tmp_path, lease_group, child_env):
     outs = [tmp_path / "a.json", tmp_path / "b.json"]
     barrier = f"{tmp_path / 'barrier'}:2"   # start cycling together, not a TF start-up apart
@@ -197,6 +199,7 @@ def test_two_processes_mutual_exclusion_and_alternation(tmp_path, lease_group, c
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_sigkilled_holder_does_not_block_peer(tmp_path, lease_group, child_env):
     ready, result = tmp_path / "ready", tmp_path / "result.json"
     holder = _spawn(child_env, "hold", lease_group, "cpu0", str(ready))
@@ -220,6 +223,7 @@ def test_sigkilled_holder_does_not_block_peer(tmp_path, lease_group, child_env):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_acquire_timeout_names_group_and_holder(tmp_path, lease_group, child_env):
     ready = tmp_path / "ready"
     holder = _spawn(child_env, "hold", lease_group, "cpu0", str(ready))
@@ -240,6 +244,7 @@ def test_acquire_timeout_names_group_and_holder(tmp_path, lease_group, child_env
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_holder_that_exited_without_release_is_reclaimed(tmp_path, lease_group, child_env):
     _finish(_spawn(child_env, "exit_holding", lease_group, "cpu0"))
     lease = lease_lib.DeviceLease(lease_group, "cpu0", timeout_s=5)
@@ -252,7 +257,7 @@ def test_holder_that_exited_without_release_is_reclaimed(tmp_path, lease_group, 
 
 def test_stats_are_decoded_by_the_names_the_op_reports():
     """The C++ core names each value, so any order it emits decodes to the right fields."""
-    names = list(reversed(lease_lib.STATS_FIELDS))
+    names = [f.name for f in reversed(dataclasses.fields(lease_lib.LeaseStats))]
     values = np.arange(1, len(names) + 1, dtype=np.float64)
     stats = lease_lib.LeaseStats.from_op_output(values, [n.encode() for n in names])
     by_name = dict(zip(names, values))

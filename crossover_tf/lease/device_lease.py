@@ -4,13 +4,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from crossover_tf.lease import segments
+from crossover_tf.lease import group_join, segments
 from crossover_tf.lease.loader import load_library
+from crossover_tf.lease.membership import Member, read_snapshot, validate_job
 from crossover_tf.lease.segments import validate_name
 
 # Tags recorded with each acquisition in the lease timeline.
@@ -86,7 +88,6 @@ def decode_named_values(cls: type, values: Any, names: Any) -> Any:
     return cls(**{n: _DECODE[fields[n]](v) for n, v in zip(names, np.asarray(values))})
 
 
-STATS_FIELDS = tuple(f.name for f in dataclasses.fields(LeaseStats))
 _DECODE = {"int": int, "float": float, "bool": bool}
 
 
@@ -95,24 +96,56 @@ class DeviceLease:
 
     acquire/release take a nest of tensors and return it unchanged, so that they can be
     threaded through a graph: `grads = lease.release(grads)` runs after grads exist.
+
+    lease_dir: where the segment file lives (segments.resolve_lease_dir: None is
+    $CROSSOVER_LEASE_DIR, else /dev/shm). shared_group: jobs of several users share it (the
+    file is 0660, of the directory's group). job: this process's label on the lease; ""/None
+    is "<host>:<pid>". Any op on the lease makes this process a member (register() does it
+    without touching the device).
     """
 
     def __init__(self, group: str, device_key: str, timeout_s: float = 600.0,
-                 priority: str = "normal"):
+                 priority: str = "normal", *, lease_dir: str | os.PathLike | None = None,
+                 shared_group: bool = False, job: str | None = ""):
         self.group = validate_name("group", group, segments.GROUP_MAX_LEN)
         self.device_key = validate_name("device key", device_key, segments.DEVICE_KEY_MAX_LEN)
         self.timeout_s = validate_timeout(timeout_s)
         self.priority = validate_priority(priority)
+        self.lease_dir = segments.resolve_lease_dir(lease_dir)
+        if not isinstance(shared_group, bool):
+            raise ValueError(f"crossover lease shared_group must be a bool, got {shared_group!r}")
+        self.shared_group = shared_group
+        self.job = validate_job(job)
+        self.path = segments.segment_path(self.group, self.device_key, self.lease_dir)
         self._ops = load_library()
 
     def __repr__(self) -> str:
         return (f"DeviceLease(group={self.group!r}, device_key={self.device_key!r}, "
-                f"priority={self.priority!r})")
+                f"priority={self.priority!r}, path={str(self.path)!r})")
 
     @property
-    def names(self) -> dict[str, str]:
-        """The attrs that name this lease's segment in every lease op (and link turn op)."""
-        return {"group": self.group, "device_key": self.device_key}
+    def names(self) -> dict[str, Any]:
+        """The attrs that name this lease's segment, and this process on it, in every lease op
+        (and link turn op)."""
+        return {"group": self.group, "device_key": self.device_key,
+                "lease_dir": str(self.lease_dir), "shared_group": self.shared_group,
+                "job": self.job}
+
+    def register(self) -> None:
+        """Makes this process a member now (idempotent); never touches the device."""
+        self._ops.crossover_lease_register(**self.names)
+
+    def members(self) -> list[Member]:
+        """The live members (this process only once it registered or used the lease)."""
+        return list(read_snapshot(self.path).members)
+
+    def wait_for_jobs(self, jobs: int, timeout_s: float) -> list[Member]:
+        """Registers, then waits (polling, at most timeout_s) until `jobs` distinct job labels
+        are live on this lease; returns the members or raises GroupIncomplete, whose message
+        names the file, who was there and what to set (group_join says why)."""
+        group_join.validate_jobs(jobs)
+        self.register()
+        return group_join.wait_for_jobs(self.members, self.path, jobs, timeout_s)
 
     def acquire(self, tensors: Any = (), tag: int = TAG_OTHER) -> Any:
         return pass_through(self._ops.crossover_acquire_lease, tensors, **self.names,

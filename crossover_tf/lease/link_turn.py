@@ -1,8 +1,8 @@
 """LinkTurn: the jobs of a crossover group run their gradient allreduces one at a time.
 
 Why: while one job computes, the other's allreduce has the network, so in a crossed pair the
-two jobs' allreduces overlap only in part, and partly overlapping allreduces were measured to
-take 13-17% longer together than the same allreduces back to back (README, "Measured here").
+two jobs' allreduces overlap only in part, and partly overlapping allreduces take longer
+together than the same allreduces back to back (docs/measured_history.md has the figures).
 The turn puts them back to back: job `position` runs its allreduce k as global turn
 (offset + k, position), and every host goes through the turns in that order.
 
@@ -22,7 +22,7 @@ arrived, and hold the others still while they agree (LinkTurn.join says why and 
 
 Priority classes (a primary and its secondaries) do not mix with turns: turns alternate
 strictly, so a primary's allreduce k would wait for its secondary's k-1, pacing the primary to
-the secondary (measured at lease level: 0.25 of its solo pace, 0.83 without turns).
+the secondary.
 """
 from __future__ import annotations
 

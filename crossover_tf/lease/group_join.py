@@ -1,0 +1,76 @@
+"""The group's join check: a job waits, bounded, until its group's jobs are all on its
+device's lease, and fails loudly otherwise.
+
+Why: when jobs cannot see each other's lease (each container, pod or Slurm job with its own
+/dev/shm), each finds an empty lease, never waits, and both compute at once with no error. A
+job that knows how many jobs its group has can tell, and must say what to change.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+import time
+from typing import Callable, Sequence
+
+from crossover_tf.lease.membership import Member
+
+POLL_S = 0.05
+MAX_JOBS = 64  # the C++ core's kMaxProcesses: at most that many members on one lease
+
+
+class GroupIncomplete(RuntimeError):
+    """Fewer distinct jobs than the group declares came onto the lease within the timeout."""
+
+
+def validate_jobs(jobs: int) -> int:
+    """Checks a group's job count (at most as many as one lease has members)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise ValueError(f"crossover lease: jobs must be a whole number in [1, {MAX_JOBS}], "
+                         f"got {jobs!r}")
+    return jobs
+
+
+def group_incomplete_message(path: pathlib.Path, seen: Sequence[Member], expected: int,
+                             timeout_s: float) -> str:
+    """What GroupIncomplete says: the lease file, who was there, what was expected, the usual
+    causes and the setting that fixes them."""
+    labels = sorted({m.job for m in seen})
+    who = ", ".join(f"job {m.job!r} (pid {m.pid})" for m in sorted(seen, key=lambda m: m.job))
+    return (
+        f"crossover lease: waited {timeout_s:g} s for {expected} jobs on lease file {path}, "
+        f"but saw {len(labels)}: {who or 'none'}. The other jobs of the group are not on this "
+        "file: they did not start in time, or, most often, each job sees its own lease "
+        "directory (/dev/shm by default), so the jobs would compute at once:\n"
+        "  - Docker: each container has its own /dev/shm. Mount one volume into every "
+        "container and make it the lease directory, or run them with --ipc=host.\n"
+        "  - Kubernetes: two pods do not share /dev/shm. Mount one hostPath volume in both "
+        "pods and make it the lease directory, or set hostIPC: true.\n"
+        "  - Slurm with job_container/tmpfs: its Dirs (which include /dev/shm) give every job "
+        "a private /dev/shm and /tmp. Point the lease directory at a directory outside the "
+        "plugin's Dirs, e.g. on local disk.\n"
+        "Fix: set CROSSOVER_LEASE_DIR=<a directory every job of the group sees on this host> "
+        "(or lease_dir=...) in every job, on a local file system. A job meant to run alone "
+        "declares jobs=1.")
+
+
+def wait_for_jobs(read_members: Callable[[], Sequence[Member]], path: pathlib.Path, jobs: int,
+                  timeout_s: float, poll_s: float = POLL_S) -> list[Member]:
+    """Polls read_members (every poll_s, until timeout_s) until at least `jobs` distinct job
+    labels are live; returns the members, or raises GroupIncomplete."""
+    validate_jobs(jobs)
+    if not poll_s > 0:
+        raise ValueError(f"crossover lease: poll interval must be > 0, got {poll_s!r}")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s >= 0):
+        raise ValueError(f"crossover lease: join timeout must be a finite number of seconds "
+                         f">= 0, got {timeout_s!r}")
+    deadline = time.monotonic() + timeout_s
+    members: list[Member] = []
+    for _ in range(int(timeout_s / poll_s) + 2):  # the deadline ends it first
+        members = list(read_members())
+        if len({m.job for m in members}) >= jobs:
+            return members
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        time.sleep(min(poll_s, remaining))
+    raise GroupIncomplete(group_incomplete_message(path, members, jobs, timeout_s))
