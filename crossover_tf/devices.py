@@ -6,7 +6,9 @@ to its own local GPU (the Horovod convention), and a lease key naming the *physi
 that two jobs with different CUDA_VISIBLE_DEVICES still pair on the same card.
 
 Everything that decides is a pure function of device descriptions, so it is tested on CPU with
-fake devices; the few calls into TensorFlow and the CUDA driver are thin and injectable.
+fake devices; the few calls into TensorFlow and the CUDA driver are thin and injectable. The
+physical name is the device's UUID, so the MIG slices of one GPU (one PCI bus id) get a lease
+each.
 """
 from __future__ import annotations
 
@@ -14,13 +16,16 @@ import ctypes
 import dataclasses
 import os
 import re
-from typing import Any, Protocol, Sequence
+import uuid as uuid_lib
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from absl import logging
 
 from crossover_tf.lease import segments
 
 DEVICE_KEY_ENV = "CROSSOVER_DEVICE_KEY"
+T = TypeVar("T")
+N = TypeVar("N")
 
 
 class DeviceConfigError(RuntimeError):
@@ -150,62 +155,179 @@ def key_from_pci_bus_id(bus_id: str) -> str:
     return segments.validate_name("device key", key, segments.DEVICE_KEY_MAX_LEN)
 
 
-class GpuIdentity(Protocol):
-    """Reports the PCI bus id of a CUDA device ordinal (the order TensorFlow lists GPUs in)."""
+class GpuIdentityError(RuntimeError):
+    """The driver could not say which physical device an ordinal is; the reason goes into the
+    log and the lease key falls back to a coarser name."""
 
-    def pci_bus_id(self, ordinal: int) -> str | None: ...
+
+@dataclasses.dataclass(frozen=True)
+class DeviceUuid:
+    """A CUDA device's 16-byte UUID, the one identity that tells MIG slices apart (they share
+    their GPU's PCI bus id). mig: whether it names a MIG instance; None when the driver could
+    not tell, which changes only the key's label, never which devices share a key."""
+    raw: bytes
+    mig: bool | None
+
+    def __post_init__(self) -> None:
+        if len(self.raw) != 16 or not any(self.raw):
+            raise ValueError(f"not a device UUID: {self.raw!r}")
+
+    @property
+    def kind(self) -> str:
+        return {True: "mig", False: "gpu", None: "dev"}[self.mig]
+
+    def names(self) -> tuple[str, ...]:
+        """The UUID as nvidia-smi -L and NVML spell it (MIG-... or GPU-...); both spellings
+        when it is not known which."""
+        text = str(uuid_lib.UUID(bytes=self.raw))
+        prefixes = {True: ("MIG",), False: ("GPU",), None: ("GPU", "MIG")}[self.mig]
+        return tuple(f"{prefix}-{text}" for prefix in prefixes)
+
+
+def uuid_from_driver(current: bytes, legacy: bytes | None) -> DeviceUuid:
+    """The UUID from cuDeviceGetUuid_v2 (current), classified by cuDeviceGetUuid (legacy).
+
+    On a MIG instance v2 returns the instance's own UUID (CUDA 11.4+ documents it so), while
+    the legacy entry point, kept for older callers, still reports the parent GPU's; so the two
+    differ exactly on MIG instances. Without the legacy entry point it cannot be told."""
+    return DeviceUuid(bytes(current), None if legacy is None else bytes(legacy) != bytes(current))
+
+
+def key_from_uuid(device: DeviceUuid) -> str:
+    """A lease key from a device UUID: "mig-"/"gpu-"/"dev-" and the UUID's leading hex digits,
+    as many as the key length allows (28 of 32, i.e. 112 of 128 bits), in the order nvidia-smi
+    prints them, so an operator can match a key to `nvidia-smi -L` by eye.
+
+    Keys only need to differ among the devices of one host (they name segments in one lease
+    directory): at most a few dozen (8 GPUs x 7 MIG slices). NVIDIA's UUIDs are random or
+    SHA-1 derived (MIG), so at least 106 of the kept bits vary; a collision among n devices has
+    probability below n^2 / 2^107, about 2e-29 for 56 devices."""
+    prefix = f"{device.kind}-"
+    key = prefix + device.raw.hex()[:segments.DEVICE_KEY_MAX_LEN - len(prefix)]
+    return segments.validate_name("device key", key, segments.DEVICE_KEY_MAX_LEN)
+
+
+class GpuIdentity(Protocol):
+    """Who a CUDA device ordinal (the order TensorFlow lists GPUs in) is physically; each
+    method raises GpuIdentityError saying why when the driver cannot tell."""
+
+    def uuid(self, ordinal: int) -> DeviceUuid: ...
+    def pci_bus_id(self, ordinal: int) -> str: ...
 
 
 class CudaDriver:
     """The CUDA driver API through ctypes: cuInit creates no context and takes no device
-    memory, unlike asking TensorFlow (which only reports bus ids once its devices exist)."""
+    memory, unlike asking TensorFlow (which only reports bus ids once its devices exist).
+    load: how the library is opened (a fake library stands in for it in tests)."""
 
-    def __init__(self, library: str = "libcuda.so.1"):
+    def __init__(self, library: str = "libcuda.so.1",
+                 load: Callable[[str], Any] = ctypes.CDLL):
         self._library = library
+        self._open = load
         self._cuda: Any = None
 
     def _load(self) -> Any:
         if self._cuda is None:
-            cuda = ctypes.CDLL(self._library)
-            if cuda.cuInit(0) != 0:
-                raise OSError("cuInit failed")
+            try:
+                cuda = self._open(self._library)
+            except OSError as err:
+                raise GpuIdentityError(f"CUDA driver {self._library} not loadable ({err})") \
+                    from err
+            self._check(cuda.cuInit(0), "cuInit")
             self._cuda = cuda
         return self._cuda
 
-    def pci_bus_id(self, ordinal: int) -> str | None:
-        try:
-            cuda = self._load()
-        except OSError as err:
-            logging.warning("crossover_tf: CUDA driver not usable (%s)", err)
-            return None
+    @staticmethod
+    def _check(result: int, call: str) -> None:
+        if result != 0:
+            raise GpuIdentityError(f"{call} returned CUDA error {result}")
+
+    def _device(self, ordinal: int) -> tuple[Any, int]:
+        cuda = self._load()
         device = ctypes.c_int()
+        self._check(cuda.cuDeviceGet(ctypes.byref(device), ordinal), f"cuDeviceGet({ordinal})")
+        return cuda, device.value
+
+    def _read_uuid(self, cuda: Any, entry_point: str, device: int) -> bytes:
+        function = getattr(cuda, entry_point, None)
+        if function is None:
+            raise GpuIdentityError(f"{self._library} has no {entry_point} (a driver older "
+                                   "than CUDA 11.4)")
+        buf = (ctypes.c_ubyte * 16)()
+        self._check(function(buf, device), entry_point)
+        return bytes(buf)
+
+    def uuid(self, ordinal: int) -> DeviceUuid:
+        cuda, device = self._device(ordinal)
+        current = self._read_uuid(cuda, "cuDeviceGetUuid_v2", device)
+        try:
+            legacy: bytes | None = self._read_uuid(cuda, "cuDeviceGetUuid", device)
+        except GpuIdentityError as err:
+            logging.info("crossover_tf: cannot tell whether GPU %d is a MIG instance (%s)",
+                         ordinal, err)
+            legacy = None
+        try:
+            return uuid_from_driver(current, legacy)
+        except ValueError as err:
+            raise GpuIdentityError(str(err)) from err
+
+    def pci_bus_id(self, ordinal: int) -> str:
+        cuda, device = self._device(ordinal)
         buf = ctypes.create_string_buffer(64)
-        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
-            return None
-        if cuda.cuDeviceGetPCIBusId(buf, len(buf), device) != 0:
-            return None
+        self._check(cuda.cuDeviceGetPCIBusId(buf, len(buf), device), "cuDeviceGetPCIBusId")
         return buf.value.decode()
+
+
+def _identify(identity: GpuIdentity | None, what: str, read: Callable[[GpuIdentity], T],
+              name: Callable[[T], N]) -> tuple[N | None, str]:
+    """One way of naming a device: (name, "") or (None, why not)."""
+    if identity is None:
+        return None, f"{what}: no CUDA driver asked"
+    try:
+        return name(read(identity)), ""
+    except (GpuIdentityError, ValueError) as err:
+        return None, f"{what}: {err}"
+
+
+def read_device_uuid(identity: GpuIdentity | None, ordinal: int) -> DeviceUuid | None:
+    """The UUID of a CUDA ordinal, or None (with the reason logged), e.g. to find the device in
+    NVML."""
+    found, why = _identify(identity, "UUID", lambda gpu: gpu.uuid(ordinal), lambda uuid: uuid)
+    if found is None:
+        logging.info("crossover_tf: no UUID for GPU %d (%s)", ordinal, why)
+    return found
 
 
 def device_key(local_rank: int, gpu_ordinal: int | None, identity: GpuIdentity | None,
                env: dict[str, str] | os._Environ[str] = os.environ) -> str:
     """Names this rank's device for the lease: $CROSSOVER_DEVICE_KEY if set (launchers that
-    emulate hosts, MIG slices), else the GPU's PCI bus id, else cpu<local_rank> on CPU.
+    emulate hosts), else the device's UUID (a MIG slice has its own), else its PCI bus id, else
+    cpu<local_rank> on CPU. Each names the physical device, so jobs that number GPUs
+    differently (CUDA_VISIBLE_DEVICES) still pair.
 
-    Falling back to gpu<local_rank> is only right when every job on the host numbers GPUs the
-    same way, so it is logged.
+    Each fallback is logged: the PCI bus id is shared by the MIG slices of one GPU, so they
+    would take turns needlessly; gpu<local_rank> pairs jobs only if they number GPUs alike.
     """
     override = env.get(DEVICE_KEY_ENV)
     if override:
         return segments.validate_name("device key", override, segments.DEVICE_KEY_MAX_LEN)
     if gpu_ordinal is None:
         return f"cpu{local_rank}"
-    bus_id = identity.pci_bus_id(gpu_ordinal) if identity is not None else None
-    if bus_id:
-        return key_from_pci_bus_id(bus_id)
-    logging.warning("crossover_tf: could not read the PCI bus id of GPU %d; using lease key "
-                    "gpu%d, which pairs jobs only if they number GPUs alike (set %s to the "
-                    "physical GPU otherwise)", gpu_ordinal, local_rank, DEVICE_KEY_ENV)
+    ordinal = gpu_ordinal
+    key, uuid_failure = _identify(identity, "UUID", lambda gpu: gpu.uuid(ordinal), key_from_uuid)
+    if key:
+        return key
+    key, pci_failure = _identify(identity, "PCI bus id",
+                                 lambda gpu: gpu.pci_bus_id(ordinal), key_from_pci_bus_id)
+    if key:
+        logging.warning("crossover_tf: could not read the UUID of GPU %d (%s); using lease key "
+                        "%s from its PCI bus id, which the MIG slices of one GPU share (set %s "
+                        "to tell slices apart)", gpu_ordinal, uuid_failure, key, DEVICE_KEY_ENV)
+        return key
+    logging.warning("crossover_tf: could not identify GPU %d (%s; %s); using lease key gpu%d, "
+                    "which pairs jobs only if they number GPUs alike (set %s to the physical "
+                    "GPU otherwise)", gpu_ordinal, uuid_failure, pci_failure, local_rank,
+                    DEVICE_KEY_ENV)
     return f"gpu{local_rank}"
 
 
