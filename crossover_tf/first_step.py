@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import keras
 import tensorflow as tf
-from keras.src.trainers.data_adapters import data_adapter_utils
 
-from crossover_tf import warm_up
+from crossover_tf import keras_compat, warm_up
 
 if TYPE_CHECKING:
     from crossover_tf.inference_step import LeasedInferenceStep
@@ -72,13 +71,13 @@ def before_training(step: "CrossoverTrainStep", sync_state: SyncState | None) ->
 
     def prepare(data: Any, spec: Any) -> None:
         model = step.model
-        model._symbolic_build(data_batch=data)
+        keras_compat.build_from_batch(model, data)
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         if sync_state is not None:
             sync_state(model_state(model))
         if step.lease is not None and step.jit_compile and not step.compiled:
-            step.compute.get_concrete_function(*data_adapter_utils.unpack_x_y_sample_weight(spec))
+            step.compute.get_concrete_function(*keras.utils.unpack_x_y_sample_weight(spec))
             warm_up.compile_outside_lease(model, step.compute_and_apply, data)
             step.compiled = True
         if step.turn is not None:
@@ -92,7 +91,7 @@ def before_inference(step: "LeasedInferenceStep", build: bool) -> BeforeFirstSte
 
     def prepare(data: Any, spec: Any) -> None:
         if build:
-            step.model._symbolic_build(data_batch=data)
+            keras_compat.build_from_batch(step.model, data)
         if step.jit_compile and not step.compiled:
             step.run.get_concrete_function(spec)
             warm_up.compile_outside_lease(step.model, step.run, data)

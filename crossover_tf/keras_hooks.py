@@ -19,7 +19,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from crossover_tf import first_step
+from crossover_tf import first_step, keras_compat
 from crossover_tf.inference_step import LeasedInferenceStep
 from crossover_tf.lease import DeviceLease, LinkTurn
 from crossover_tf.train_step import Allreduce, CrossoverTrainStep
@@ -44,12 +44,18 @@ class CrossoverSetup:
     average_logs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
+def installed_setup(model: keras.Model) -> CrossoverSetup | None:
+    """The setup install() put on model (None: it has no crossover hooks)."""
+    return model.__dict__.get("_crossover_setup")
+
+
 def install(model: keras.Model, setup: CrossoverSetup) -> None:
     """Hooks fit (and, with a lease, evaluate and predict); idempotent per (model, setup)."""
-    if model.__dict__.get("_crossover_setup") == setup:
+    if installed_setup(model) == setup:
         return
     if model.optimizer is None:
         raise ValueError("crossover_tf: compile the model (with an optimizer) before fit")
+    keras_compat.check_model(model)
     object.__setattr__(model, "_crossover_setup", setup)
 
     def train_step(m: keras.Model) -> CrossoverTrainStep:
@@ -90,12 +96,8 @@ def _hook(model: keras.Model, kind: str, make_step: Callable[[keras.Model], Step
         if force or getattr(model, attr) is None or built.get("fingerprint") != fingerprint:
             step = make_step(model)
             object.__setattr__(model, f"{kind}_step", step)
-            saved = model.jit_compile
-            model._jit_compile = False  # bypass the setter: only the outer function is jit-free
-            try:
+            with keras_compat.jit_compile_off(model):
                 keras_make(model, force=True)
-            finally:
-                model._jit_compile = saved
             built.update(fingerprint=fingerprint, step=step, function=getattr(model, attr))
         setattr(model, attr, wrap(built["function"], built["step"]))
         return getattr(model, attr)
@@ -129,7 +131,7 @@ def _average_evaluate(model: keras.Model,
 def _compiled_state(model: keras.Model) -> tuple[int, ...]:
     """Identity of what a step's traces capture: optimizer, loss tracker (new per compile) and
     the trainable variables."""
-    return (id(model.optimizer), id(getattr(model, "_loss_tracker", None)),
+    return (id(model.optimizer), id(keras_compat.loss_tracker(model)),
             *(id(v) for v in model.trainable_weights))
 
 
@@ -190,7 +192,7 @@ def guard_fit(model_class: type = keras.Model) -> None:
         try:
             return fit(model, *args, **kwargs)
         finally:
-            setup = model.__dict__.get("_crossover_setup")
+            setup = installed_setup(model)
             if setup is not None:
                 release(setup.lease, setup.turn)
 

@@ -10,111 +10,65 @@ nothing is scaled by the number of replicas (scale it yourself if you want the u
 from __future__ import annotations
 
 import contextlib
-import socket
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 from absl import logging
 
-from crossover_tf import callbacks, collectives, custom_loop, devices, keras_hooks
+from crossover_tf import callbacks, collectives, custom_loop, keras_hooks, options
 from crossover_tf import lease as lease_lib
+from crossover_tf.extended import CrossoverExtended
+from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
+                                  LinkTurnOptions)
+
+_Options = TypeVar("_Options")
 
 
 class CrossoverStrategy:
-    """Synchronous data parallelism with Horovod, crossed with a peer job on the same devices.
+    """Synchronous data parallelism with Horovod, crossed with peer jobs on the same devices.
 
     Args:
-      group: crossover group key shared by the two jobs that take turns on each device.
-        Empty or None: plain Horovod, no lease (the baseline).
-      device_key: name of this process's device on its host; default $CROSSOVER_DEVICE_KEY or
-        gpu<local_rank>/cpu<local_rank>.
-      lease_timeout_s: how long an acquire may wait before failing (a stuck or dead peer).
-      compression: Horovod gradient compression (hvd.Compression.none or .fp16).
-      init_horovod: call hvd.init(); with False, Horovod must already be initialised.
-      configure_devices: pin each rank to its local GPU and apply the memory policy below.
-        This must happen before TensorFlow initialises its devices, so construct the strategy
-        before creating any tensor or model; False leaves GPU setup to you.
-      memory_growth: let TensorFlow allocate GPU memory as needed instead of taking nearly all
-        of it at start-up, which would leave the peer job nothing (the default).
-      memory_limit_mb: instead of growth, cap this job's GPU memory (predictable sharing).
-      allreduce_on: "auto" (host memory via Gloo for a crossover group on GPU, else next to
-        the gradients), "host" or "device"; see devices.allreduce_device for why.
-      priority: "normal" (jobs of a group take turns, FIFO), "primary" (never queues behind a
-        secondary, and keeps secondaries out for primary_reserve_s after each step so they do
-        not start work it would wait for) or "secondary" (fills the primary's gaps).
-      micro_batches: split each step's compute into this many equal micro-batches, each under
-        its own hold, accumulating gradients (same result as the full batch, except for
-        batch-dependent layers such as BatchNorm). A secondary's micro-batch bounds how long a
-        primary can wait for it.
-      primary_reserve_s: how long a primary's step-end yield keeps secondaries out.
-      link_turn: this job's position (0, 1, ...) in its group's allreduce order, the same on
-        every host and distinct per job; None: the jobs' allreduces overlap as they come.
-        With it the group's jobs run their gradient allreduces one at a time on each host
-        (lease.link_turn explains why and why it cannot deadlock).
-      link_turn_jobs: how many jobs the group has (every job must say the same).
-      link_turn_wait_s: the longest one allreduce waits for another job's earlier one (a
-        peer paused outside a step, e.g. saving a checkpoint); then it runs anyway.
-        link_turn needs priority="normal" (lease.link_turn says why).
+      group: crossover group key shared by the jobs that take turns on each device. Empty or
+        None: plain Horovod, no lease (the baseline).
+      lease: how the group's jobs share a device: how many jobs the group has (each job waits
+        at start until they are all there, and fails loudly otherwise), priority, lease
+        directory (options.LeaseOptions).
+      link_turn: this job's place in the group's allreduce order (options.LinkTurnOptions);
+        None: the jobs' allreduces overlap as they come.
+      device: device pinning, key and memory (options.DeviceOptions).
+      communication: Horovod set-up, compression and allreduce placement
+        (options.CommunicationOptions).
+
+    The internal state (the lease, the link turn, the device) is behind `extended`, as in
+    tf.distribute.
 
     Contract for the model: its forward and backward pass (layers, losses, metrics) must run no
     collective, such as a Horovod allreduce inside a synchronized BatchNorm. They run while this
     rank holds the device lease, so such a collective would hold the device while it waits for
     the job's other ranks: the peer job waits meanwhile, and crossed over several hosts the
-    waits can form a cycle that only lease_timeout_s breaks. With jit_compile=True, XLA refuses
-    such ops (they have no XLA kernels); with jit off nothing detects them.
+    waits can form a cycle that only the lease timeout breaks. With jit_compile=True, XLA
+    refuses such ops (they have no XLA kernels); with jit off nothing detects them.
     """
 
-    def __init__(self, group: str | None = "", *, device_key: str | None = None,
-                 lease_timeout_s: float = 600.0, compression: Any = hvd.Compression.none,
-                 init_horovod: bool = True, configure_devices: bool = True,
-                 memory_growth: bool = True, memory_limit_mb: int | None = None,
-                 allreduce_on: str = "auto", priority: str = "normal",
-                 micro_batches: int = 1, primary_reserve_s: float = 0.05,
-                 link_turn: int | None = None, link_turn_jobs: int = 2,
-                 link_turn_wait_s: float = 10.0):
-        if init_horovod:
-            hvd.init()
-        elif not hvd.is_initialized():
-            raise RuntimeError("crossover_tf: Horovod is not initialised; call hvd.init() first "
-                               "or construct CrossoverStrategy(init_horovod=True)")
-        self.group = group or ""
-        # Checked here too: without a group no lease is made, but bad input is still an error.
-        lease_lib.validate_priority(priority)
-        lease_lib.validate_reserve(primary_reserve_s)
+    def __init__(self, group: str | None = "", *, lease: LeaseOptions | None = None,
+                 link_turn: LinkTurnOptions | None = None, device: DeviceOptions | None = None,
+                 communication: CommunicationOptions | None = None):
+        group = group or ""
+        if group:
+            lease_lib.segments.validate_name("group", group, lease_lib.segments.GROUP_MAX_LEN)
+        lease = _checked("lease", lease, LeaseOptions)
+        device = _checked("device", device, DeviceOptions)
+        communication = _checked("communication", communication, CommunicationOptions)
         if link_turn is not None:
-            lease_lib.validate_turn(link_turn, link_turn_jobs)
-            lease_lib.validate_timeout(link_turn_wait_s)
-            lease_lib.validate_turn_priority(priority)
-            if not self.group:
-                raise ValueError("crossover_tf: link_turn orders the allreduces of a crossover "
-                                 "group's jobs; it needs a group")
-        self.compression = compression
-        self.memory = devices.GpuMemoryPolicy(growth=memory_growth and memory_limit_mb is None,
-                                              limit_mb=memory_limit_mb)
-        gpu_ordinal = self._configure_devices(configure_devices)
-        self.device_key = device_key or devices.device_key(
-            hvd.local_rank(), gpu_ordinal, devices.CudaDriver() if gpu_ordinal is not None
-            else None)
-        self.lease = (lease_lib.DeviceLease(self.group, self.device_key, lease_timeout_s,
-                                            priority) if self.group else None)
-        self.turn = (lease_lib.LinkTurn(self.lease, link_turn, link_turn_jobs,
-                                        self._agree_on_min, link_turn_wait_s, self._barrier)
-                     if self.lease is not None and link_turn is not None else None)
-        if self.lease is not None:
+            _checked("link_turn", link_turn, LinkTurnOptions)
+        options.check_combination(group, lease, link_turn)
+        _start_horovod(communication.init_horovod)
+        self.extended = CrossoverExtended(group, lease, link_turn, device, communication)
+        if self.extended.lease is not None:
             keras_hooks.guard_fit()  # a fit that fails between steps must still leave
-        self.priority = priority
-        self.micro_batches = micro_batches
-        self.step_end_reserve_s = primary_reserve_s if priority == "primary" else 0.0
-        self._check_consistent_across_ranks()
-        self._device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
-                                                 tf.config.list_logical_devices("CPU"),
-                                                 self.local_rank)
-        self.allreduce_device = devices.allreduce_device(allreduce_on, self.is_crossover,
-                                                         self._device)
-        logging.info("crossover_tf: rank %d/%d device %s lease %s turn %s", self.rank,
-                     self.size, self._device, self.lease, self.turn)
+        logging.info("crossover_tf: rank %d/%d %s", self.rank, self.size, self.extended)
 
     # ----- tf.distribute-style surface -------------------------------------------------------
     @property
@@ -144,13 +98,18 @@ class CrossoverStrategy:
         return self.rank == 0
 
     @property
+    def group(self) -> str:
+        return self.extended.group
+
+    @property
     def is_crossover(self) -> bool:
-        return self.lease is not None
+        """True with a crossover group: steps take the device lease."""
+        return self.extended.lease is not None
 
     @contextlib.contextmanager
     def scope(self) -> Iterator["CrossoverStrategy"]:
         """Places variables and ops created inside on this replica's device."""
-        with tf.device(self._device):
+        with tf.device(self.extended.device):
             yield self
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
@@ -212,15 +171,22 @@ class CrossoverStrategy:
         return dataset_fn(context)
 
     # ----- Keras integration -----------------------------------------------------------------
-    def callbacks(self, *, average_metrics: bool = True) -> list[keras.callbacks.Callback]:
+    def callbacks(self, *, micro_batches: int = 1, average_metrics: bool = True
+                  ) -> list[keras.callbacks.Callback]:
         """Callbacks for model.fit: run crossover steps (rank 0's state broadcast before the
-        first), average logged metrics over ranks, release the device when training ends."""
-        result: list[keras.callbacks.Callback] = [callbacks.CrossoverTrainStepCallback(self)]
+        first), average logged metrics over ranks, release the device when training ends.
+
+        micro_batches > 1 computes each step as that many equal micro-batches, each under its
+        own hold, accumulating gradients (the full batch's result, except for batch-dependent
+        layers such as BatchNorm): a secondary's micro-batch bounds how long a primary waits.
+        """
+        result: list[keras.callbacks.Callback] = [
+            callbacks.CrossoverTrainStepCallback(self._setup(micro_batches))]
         if average_metrics:
-            result.append(callbacks.MetricAverage(self))
+            result.append(callbacks.MetricAverage())
         return result
 
-    def prepare(self, model: keras.Model) -> None:
+    def prepare(self, model: keras.Model, *, micro_batches: int = 1) -> None:
         """Makes a compiled model's fit, evaluate and predict run crossover steps.
 
         fit with callbacks() does this; call it yourself before evaluate or predict on a model
@@ -228,11 +194,7 @@ class CrossoverStrategy:
         device lease too, and evaluate returns the job's metrics (averaged over the ranks, as
         fit's epoch logs are) on every rank.
         """
-        sync_state = self.broadcast_variables if self.size > 1 else None
-        keras_hooks.install(model, keras_hooks.CrossoverSetup(
-            self.lease, self.synchronize_gradients, sync_state, self.micro_batches,
-            self.step_end_reserve_s, self.turn,
-            collectives.average_scalars if self.size > 1 else None))
+        keras_hooks.install(model, self._setup(micro_batches))
 
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrites variables on every rank with root_rank's values (e.g. after restoring a
@@ -245,15 +207,15 @@ class CrossoverStrategy:
         """`with strategy.hold_device():` around a custom loop's step (forward, gradient(),
         apply) holds the device for its compute; strategy.gradient_tape's gradient() yields it
         for the allreduce. Without a group it does nothing (custom_loop explains the order)."""
-        return custom_loop.DeviceHold(self.lease, self.step_end_reserve_s)
+        return custom_loop.DeviceHold(self.extended.lease, self.extended.step_end_reserve_s)
 
     def gradient_tape(self, tape: tf.GradientTape) -> custom_loop.CrossoverGradientTape:
         """Wraps a tf.GradientTape as hvd.DistributedGradientTape does: gradient() averages
         over the job's ranks, with the device yielded (and the link turn taken) for the
         allreduce. Call its gradient() inside strategy.hold_device()."""
         return custom_loop.CrossoverGradientTape(tape, self.synchronize_gradients,
-                                                 needs_hold=self.lease is not None,
-                                                 turn=self.turn)
+                                                 needs_hold=self.is_crossover,
+                                                 turn=self.extended.turn)
 
     # ----- crossover -------------------------------------------------------------------------
     def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:
@@ -261,60 +223,54 @@ class CrossoverStrategy:
 
         A collective: the train step calls it with the device lease released.
         """
-        return collectives.allreduce_gradients(grads, self.compression, self.allreduce_device)
+        return collectives.allreduce_gradients(grads, self.extended.compression,
+                                               self.extended.allreduce_device)
 
     def release_device(self) -> None:
         """Eagerly gives up the lease if held and the link turn if taken (end of training,
         errors): the peer job never waits on us; no-op otherwise."""
-        keras_hooks.release(self.lease, self.turn)
+        keras_hooks.release(self.extended.lease, self.extended.turn)
 
     def turn_stats(self) -> dict[str, float]:
         """This process's link turn statistics ({} without a link turn)."""
-        return self.turn.stats().as_dict() if self.turn is not None else {}
+        turn = self.extended.turn
+        return turn.stats().as_dict() if turn is not None else {}
 
     def lease_stats(self) -> dict[str, float]:
         """This process's lease statistics ({} without a crossover group)."""
-        return self.lease.stats().as_dict() if self.lease is not None else {}
+        lease = self.extended.lease
+        return lease.stats().as_dict() if lease is not None else {}
 
     # ----- internals -------------------------------------------------------------------------
-    def _agree_on_min(self, value: int) -> int:
-        """The smallest of every rank's value (a collective: the job's ranks agree on it)."""
-        return min(collectives.allgather_objects(value)) if self.size > 1 else value
+    def _setup(self, micro_batches: int) -> keras_hooks.CrossoverSetup:
+        """What the steps and callbacks need of this strategy (and nothing else of it)."""
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
+                or micro_batches < 1:
+            raise ValueError(f"crossover_tf: micro_batches must be a whole number >= 1, got "
+                             f"{micro_batches!r}")
+        several = self.size > 1
+        return keras_hooks.CrossoverSetup(
+            self.extended.lease, self.synchronize_gradients,
+            self.broadcast_variables if several else None, micro_batches,
+            self.extended.step_end_reserve_s, self.extended.turn,
+            collectives.average_scalars if several else None)
 
-    def _barrier(self) -> None:
-        """Returns once every rank of the job has called it (a collective)."""
-        if self.size > 1:
-            collectives.barrier()
 
-    def _configure_devices(self, configure: bool) -> int | None:
-        """Pins this rank's GPU (before TF initialises devices); returns its CUDA ordinal."""
-        gpus = tf.config.list_physical_devices("GPU")  # does not initialise the runtime
-        if not gpus:
-            return None
-        if configure:
-            chosen = devices.configure_local_gpu(tf.config, self.memory, hvd.local_rank(),
-                                                 hvd.local_size(),
-                                                 tf.config.LogicalDeviceConfiguration)
-        else:
-            chosen = gpus[hvd.local_rank() % len(gpus)]
-        return devices.physical_gpu_ordinal(gpus, chosen)
+def _checked(name: str, value: _Options | None, kind: type[_Options]) -> _Options:
+    """The option group given, or its defaults; anything else is a TypeError that says what
+    the argument takes (strategies before option groups took flat keyword arguments)."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise TypeError(f"crossover_tf: CrossoverStrategy's {name} takes a "
+                        f"crossover_tf.{kind.__name__}, got {type(value).__name__}")
+    return value
 
-    def _check_consistent_across_ranks(self) -> None:
-        """Fails fast on configuration that would deadlock or silently mis-schedule later."""
-        mine = {"group": self.group, "host": socket.gethostname(), "device_key": self.device_key}
-        everyone = collectives.allgather_objects(mine) if self.size > 1 else [mine]
-        groups = sorted({c["group"] for c in everyone})
-        if len(groups) > 1:
-            per_rank = ", ".join(f"rank {r}: {c['group']!r}" for r, c in enumerate(everyone))
-            raise ValueError("crossover_tf: ranks of one job must use the same crossover group; "
-                             f"got {per_rank}")
-        seen: dict[tuple[str, str], int] = {}
-        for r, c in enumerate(everyone):
-            where = (c["host"], c["device_key"])
-            if where in seen and self.group:
-                raise ValueError(
-                    f"crossover_tf: ranks {seen[where]} and {r} of one job share device key "
-                    f"{c['device_key']!r} on host {c['host']!r}; they would serialise each "
-                    "other. Give each local rank its own device (CROSSOVER_DEVICE_KEY).")
-            seen[where] = r
 
+def _start_horovod(init: bool) -> None:
+    if init:
+        hvd.init()
+    elif not hvd.is_initialized():
+        raise RuntimeError("crossover_tf: Horovod is not initialised; call hvd.init() first "
+                           "or construct CrossoverStrategy with "
+                           "CommunicationOptions(init_horovod=True)")

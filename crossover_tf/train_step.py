@@ -25,9 +25,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from keras.src.losses import loss as keras_loss
-from keras.src.trainers.data_adapters import data_adapter_utils
 
+from crossover_tf import keras_compat
 from crossover_tf.collectives import Allreduce, allreduce_in_turn
 from crossover_tf.device_hold import as_unit, run_holding_device
 from crossover_tf import lease as lease_lib
@@ -88,7 +87,7 @@ class CrossoverTrainStep:
 
     def _micro_batches(self, data: Any) -> list[tuple[Any, Any, Any]]:
         """(x, y, sample_weight) of each micro-batch: equal consecutive slices of the batch."""
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         n = self.micro_batches
         if n == 1:
             return [(x, y, sample_weight)]
@@ -116,12 +115,10 @@ class CrossoverTrainStep:
         if not model.trainable_weights:
             raise ValueError("crossover_tf: the model has no trainable weights to train")
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                       training=True)
+            y_pred = keras_compat.call_training(model, x)
+            loss = keras_compat.compute_loss(model, x, y, y_pred, sample_weight)
             batch = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
-            model._loss_tracker.update_state(
-                keras_loss.unscale_loss_for_distribution(loss), sample_weight=batch)
+            keras_compat.track_loss(model, loss, batch)
             if model.optimizer is not None:
                 loss = model.optimizer.scale_loss(loss)
             if self.micro_batches > 1:

@@ -65,7 +65,7 @@ import numpy as np
 
 from crossover_tf_planner import fluid, json_io
 from crossover_tf_planner.comm_cost import NO_CONTENTION, LinkContention
-from crossover_tf_planner.device_models import DeviceModel, device_model
+from crossover_tf_planner.device_models import DeviceModel, device_model, limitation_of
 from crossover_tf_planner.policies import PREDICTED
 from crossover_tf_planner.profile import JobProfile
 
@@ -308,9 +308,10 @@ class PairPrediction(json_io.JsonResult):
         rows = "\n".join(f"| {p} | {v:.3f} | {self.images_per_s[p]:.1f} |"
                          for p, v in self.normalised.items())
         turns = " (with link turns)" if self.policy == "crossover_turn" else ""
+        limitation = limitation_of(self.device_model)
         return (f"**{self.recommendation}**{turns} for {self.job_a} + {self.job_b}: "
                 f"{self.reason}.\n\n| policy | solo-job equivalents | images/s |\n"
-                f"|---|---|---|\n{rows}")
+                f"|---|---|---|\n{rows}" + (f"\n\n{limitation}" if limitation else ""))
 
 
 def predict_pairs(pairs: Sequence[tuple[JobProfile, JobProfile]], *, min_gain: float = 0.05,

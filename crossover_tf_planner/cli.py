@@ -19,6 +19,7 @@ from typing import Sequence
 from crossover_tf_planner import api
 from crossover_tf_planner.comm_cost import load_link_contention
 from crossover_tf_planner.device_models import DEVICE_MODELS
+from crossover_tf_planner.fluid import StepRatioOutOfRange
 from crossover_tf_planner.json_io import InputFileError
 from crossover_tf_planner.profile import load_profiles
 
@@ -56,8 +57,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     except InputFileError as error:
         print(f"crossover-plan: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    result = (api.recommend(*profiles, **options) if args.command == "recommend"
-              else api.pair(profiles, **options))
+    try:
+        result = (api.recommend(*profiles, **options) if args.command == "recommend"
+                  else api.pair(profiles, **options))
+    except StepRatioOutOfRange as error:
+        print(f"crossover-plan: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.json == "-":
         print(result.to_json())
         return 0

@@ -1,14 +1,14 @@
 """What communication costs a co-located pair beyond the solo allreduce, as the planner charges
-it; measured by experiments/comm_cpu.py. Plain Python, no TensorFlow.
+it; measured by experiments/probes/comm_cpu.py. Plain Python, no TensorFlow.
 
 * ``CommCpu``: the CPU an allreduce takes from the core it shares with another job's compute
-  (the cpu device model, device_models.CPU; ``plan.py --mode=calibrate``).
+  (the cpu device model, device_models.CPU; ``python -m experiments.probes --mode=calibrate``).
 * ``LinkContention``: what the link loses when two jobs' allreduces overlap without
   coordination, and how much longer an allreduce takes while its host's core computes
-  (``plan.py --mode=contention``). Why it matters: where the link is the bottleneck (M > C),
-  naive co-location and plain crossing both let allreduces overlap at random, and a link that
-  moves less while shared that way caps them both; link turns (one allreduce at a time) do not
-  pay it.
+  (``experiments.probes --mode=contention``). Why it matters: where the link is the
+  bottleneck (M > C), naive co-location and plain crossing both let allreduces overlap at
+  random, and a link that moves less while shared that way caps them both; link turns (one
+  allreduce at a time) do not pay it.
 """
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ NO_CONTENTION = LinkContention()
 
 
 def load_link_contention(path: str | os.PathLike) -> LinkContention:
-    """The LinkContention record a probe saved (plan.py --mode=contention's contention.json);
-    a bad file raises json_io.InputFileError naming it."""
+    """The LinkContention record a probe saved (contention.json of ``experiments.probes
+    --mode=contention``); a bad file raises json_io.InputFileError naming it."""
     with json_io.naming_the_file(path):
         return LinkContention.from_dict(json_io.loads_text_or_file(path, "link contention"))
 

@@ -38,9 +38,12 @@ def colocated_steps_per_s(work: np.ndarray, offset_s: np.ndarray, *,
     link and other phase at full speed (device work must be > 0); ``handoff_s``
     has shape ``(n, 2)`` and only matters when ``leased``.  Returns ``(n, 2)``,
     measured between step completions after the first ``warmup_fraction`` of
-    the ``n_events`` phase completions.
+    the phase completions: ``n_events`` of them for jobs of similar steps, more (up to
+    ``MAX_EVENT_SCALE`` times) when one job's step is many times the other's, since the slow
+    job must complete steps too while the fast one completes a phase per event.
     """
     work, offset_s, handoff = _checked_inputs(work, offset_s, handoff_s, device_efficiency)
+    n_events = n_events * _event_scale(work, n_events, warmup_fraction)
     n = work.shape[0]
     jobs = np.arange(2)[None, :]
     # Job 1 waits out its offset in a resource-free OTHER phase before its first step.
@@ -70,6 +73,33 @@ def colocated_steps_per_s(work: np.ndarray, offset_s: np.ndarray, *,
         if leased:
             holder, remaining = _grant(phase, holder, last, waiting_before, remaining, handoff)
     return clock.steps_per_s()
+
+
+MAX_EVENT_SCALE = 50  # events grow with the jobs' step ratio up to this factor (bounds run time)
+# Phase completions per step of the faster job (device, link, other), and the slower job's
+# steps the window needs after warm-up to measure a rate between step completions.
+_EVENTS_PER_STEP, _SLOW_STEPS = 3, 4
+
+
+class StepRatioOutOfRange(ValueError):
+    """One job's step is so many times the other's that the model cannot see both step."""
+
+
+def _event_scale(work: np.ndarray, n_events: int, warmup_fraction: float) -> int:
+    """How many times n_events the slower job needs to complete steps in the window; a
+    StepRatioOutOfRange, before any simulating, when that is beyond MAX_EVENT_SCALE."""
+    period = work.sum(axis=2)
+    ratio = float((period.max(axis=1) / period.min(axis=1)).max())
+    events_per_ratio = _EVENTS_PER_STEP * _SLOW_STEPS / (1.0 - warmup_fraction)
+    scale = max(1, int(np.ceil(events_per_ratio * ratio / n_events)))
+    if scale > MAX_EVENT_SCALE:
+        followed = MAX_EVENT_SCALE * n_events / events_per_ratio
+        raise StepRatioOutOfRange(
+            f"one job's step is {ratio:.0f} times the other's, beyond what the planner's "
+            f"fluid model can follow (about {followed:.0f} times). Jobs so "
+            "unlike gain little from taking turns on a device; check that both profiles "
+            "describe the jobs you mean (the same units, whole steps)")
+    return scale
 
 
 def _checked_inputs(work: np.ndarray, offset_s: np.ndarray, handoff_s: np.ndarray | None,
@@ -147,7 +177,8 @@ class _StepClock:
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = (self.last_steps - self.first_steps) / span
         if np.any(~np.isfinite(rate)) or np.any(rate <= 0):
-            raise RuntimeError("fluid model saw too few steps per job; raise n_events")
+            raise RuntimeError("fluid model saw too few steps per job (fluid._event_scale "
+                               "should have made the window long enough)")
         return rate
 
 

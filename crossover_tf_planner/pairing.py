@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from crossover_tf_planner import json_io
 from crossover_tf_planner.analytical import PairPrediction, predict_pairs
+from crossover_tf_planner.device_models import limitation_of
 from crossover_tf_planner.profile import JobProfile
 
 
@@ -36,6 +37,8 @@ class PairingPlan(json_io.JsonResult):
                   for p in self.pairs]
         lines.append(f"\nUnpaired (run alone): {', '.join(self.unpaired) or 'none'}. "
                      f"Total gain: {self.total_gain:.3f} solo-job equivalents.")
+        lines += [f"\n{text}" for text in dict.fromkeys(
+            limitation_of(p.device_model) for p in self.pairs) if text]
         return "\n".join(lines)
 
 

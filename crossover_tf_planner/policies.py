@@ -13,7 +13,6 @@ MEASURED = ("sequential", "naive", "crossover")  # what experiments/compare.py r
 VALIDATED = MEASURED + ("crossover_turn",)  # measured scenarios the planner predicts
 RECOMMENDED_POLICY = {"cross": "crossover", "shift": "shift", "naive": "naive",
                       "do not pair": "sequential"}
-RECOMMENDATIONS = tuple(RECOMMENDED_POLICY)
 
 
 def recommended_policy(recommendation: str) -> str:

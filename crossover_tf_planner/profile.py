@@ -14,7 +14,7 @@ step uses (every thread of the process, measured by train.py), which is what the
 of a core shared by time slicing; the device hold can be longer (the hold also covers waits
 that use no CPU). ``comm_cpu_s`` is the part the allreduce itself takes (Gloo's reduction, the
 TCP stack, Horovod's and TensorFlow's threads), which lands inside the other job's hold when
-the jobs cross; ``plan.py --mode=calibrate`` measures what it costs.
+the jobs cross; ``python -m experiments.probes --mode=calibrate`` measures what it costs.
 
 Everything downstream (analytical model, simulator, sweep) reads only these
 numbers, so a profile can come from a profiling run or be written by hand.

@@ -19,75 +19,91 @@ reported too.  Error = (predicted - measured) / measured, in %.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
+from crossover_tf_planner import registry
 from crossover_tf_planner.analytical import fifo_round_s, naive_round_s, predict_pair, recommend
 from crossover_tf_planner.comm_cost import CommCpu, LinkContention
-from crossover_tf_planner.policies import MEASURED, VALIDATED
+from crossover_tf_planner.comparison import Comparison, Regime, Trial
+from crossover_tf_planner.device_models import limitation_of
 from crossover_tf_planner.job_stats import JobStats
+from crossover_tf_planner.policies import MEASURED, VALIDATED
 from crossover_tf_planner.profile import JobProfile, profile_from_train_stats
 from crossover_tf_planner.simulator import SimJob, simulate
 
-RATIOS = (("crossover", "sequential"), ("crossover", "naive"), ("naive", "sequential"),
-          ("crossover_turn", "sequential"), ("crossover_turn", "naive"))
+# What validate takes: a record, or a compare.json path or its parsed JSON (the boundary).
+ComparisonInput = Union[Comparison, Trial, str, os.PathLike, Mapping[str, Any]]
 
 
-def load_comparison(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(path_or_dict, Mapping):
-        data = dict(path_or_dict)
+def load_comparison(given: ComparisonInput) -> Comparison | Trial:
+    """The record given, or read from a compare.json path or parsed JSON; a clear error when
+    it lacks the solo scenarios the profiles come from."""
+    if isinstance(given, Mapping):
+        data: Comparison | Trial = Comparison.from_dict(given)
+    elif isinstance(given, (Comparison, Trial)):
+        data = given
     else:
-        with open(path_or_dict, encoding="utf-8") as handle:
-            data = json.load(handle)
-    scenarios = data.get("scenarios")
-    if not isinstance(scenarios, Mapping):
-        raise ValueError("comparison JSON lacks a 'scenarios' object")
-    solos = [name for name in scenarios if name.startswith("solo_")]
+        data = Comparison.from_json(given)
+    solos = [name for name in data.scenarios if registry.is_solo(name)]
     if len(solos) < 2:
         raise ValueError(f"comparison JSON has solo scenarios {solos}; the profiles come from "
                          "at least two (solo_A, solo_B, ...)")
     return data
 
 
-def wire_megabytes(data: Mapping[str, Any], stats: JobStats) -> float:
+def _bandwidth(data: Comparison | Trial, regime: Regime | None) -> float | None:
+    if regime is not None and regime.bandwidth_mbit:
+        return regime.bandwidth_mbit
+    return data.settings.get("bandwidth_mbit")
+
+
+def wire_megabytes(data: Comparison | Trial, stats: JobStats,
+                   regime: Regime | None = None) -> float:
     """MB a step's allreduce puts on the link: the calibration fit's bytes when the comparison
     calibrated its link (M = m0 + k/B, k Mbit), else M times the fixed bandwidth (an upper
     bound), else 0 (an unshaped link: nothing to go on)."""
-    regime = data.get("regime") or {}
-    fit = (regime.get("calibration") or {}).get("fit")
+    fit = ((regime.calibration or {}) if regime else {}).get("fit")
     if fit:
         return float(fit["per_mbit_s"]) / 8
-    bandwidth = regime.get("bandwidth_mbit") or data.get("settings", {}).get("bandwidth_mbit")
+    bandwidth = _bandwidth(data, regime)
     return float(bandwidth) * (stats.comm_s or 0.0) / 8 if bandwidth else 0.0
 
 
-def _solo_job(data: Mapping[str, Any], scenario: str) -> tuple[str, JobStats]:
-    jobs = data["scenarios"][scenario].get("jobs", {})
+def _solo_job(data: Comparison | Trial, scenario: str) -> tuple[str, JobStats]:
+    jobs = data.scenarios[scenario].jobs
     if len(jobs) != 1:
         raise ValueError(f"scenario {scenario!r} must hold exactly one job, has {len(jobs)}")
     ((name, job),) = jobs.items()
-    return name, JobStats.from_dict(job)
+    return name, job
 
 
-def profiles_from_comparison(data: Mapping[str, Any],
-                             comm_cpu: CommCpu | Mapping[str, Any] | None = None
-                             ) -> tuple[JobProfile, ...]:
+def _regime_of(data: Comparison | Trial, regime: Regime | None) -> Regime | None:
+    """The regime given (a trial has none of its own), else the comparison's."""
+    return regime if regime is not None else getattr(data, "regime", None)
+
+
+def profiles_from_comparison(data: ComparisonInput,
+                             comm_cpu: CommCpu | Mapping[str, Any] | None = None,
+                             regime: Regime | None = None) -> tuple[JobProfile, ...]:
     """Job profiles from the solo scenarios, in job order (hand-off cost from
-    settings.handoff_s; each allreduce's CPU cost from `comm_cpu`, else the comparison's own
-    regime.comm_cpu, else 0).
+    settings.handoff_s; each allreduce's CPU cost from `comm_cpu`, else the regime's
+    comm_cpu, else 0).
 
     Images per step are the measured rate times the median step, so that a profile's solo
     rate is exactly the measured one that measured_normalised divides by.
     """
-    handoff = float(data.get("settings", {}).get("handoff_s", 0.0))
-    comm_cpu = comm_cpu if comm_cpu is not None else (data.get("regime") or {}).get("comm_cpu")
+    data = load_comparison(data)
+    regime = _regime_of(data, regime)
+    handoff = float(data.settings.get("handoff_s", 0.0))
+    if comm_cpu is None and regime is not None:
+        comm_cpu = regime.comm_cpu
     if comm_cpu is not None and not isinstance(comm_cpu, CommCpu):
         comm_cpu = CommCpu.from_dict(comm_cpu)
     profiles = []
-    for scenario in sorted(n for n in data["scenarios"] if n.startswith("solo_")):
+    for scenario in sorted(n for n in data.scenarios if registry.is_solo(n)):
         name, stats = _solo_job(data, scenario)
-        cpu_s = (comm_cpu.comm_cpu_s(stats.comm_s or 0.0, wire_megabytes(data, stats))
+        cpu_s = (comm_cpu.comm_cpu_s(stats.comm_s or 0.0, wire_megabytes(data, stats, regime))
                  if comm_cpu is not None else 0.0)
         profiles.append(dataclasses.replace(
             profile_from_train_stats(stats, name, handoff_s=handoff, comm_cpu_s=cpu_s),
@@ -95,22 +111,19 @@ def profiles_from_comparison(data: Mapping[str, Any],
     return tuple(profiles)
 
 
-def measured_normalised(data: Mapping[str, Any], profiles: tuple[JobProfile, ...]
+def measured_normalised(data: Comparison | Trial, profiles: tuple[JobProfile, ...]
                         ) -> dict[str, float]:
     """Normalised throughput of each measured pair scenario that has both jobs.
 
-    A job's rate inside the pair is `per_job_in_aggregate` when the comparison gives it (in a
-    sequential pair each job runs at its solo rate but only half the time; in a concurrent one,
-    the rate while both ran), else its `images_per_s`.
+    A job's rate inside the pair is its rate in the aggregate when the comparison gives it
+    (in a sequential pair each job runs at its solo rate but only half the time; in a
+    concurrent one, the rate while both ran), else its images_per_s.
     """
     out = {}
-    for scenario in VALIDATED:
-        entry = data["scenarios"].get(scenario, {})
-        jobs = entry.get("jobs", {})
-        if all(p.name in jobs for p in profiles):
-            rates = entry.get("per_job_in_aggregate") or {
-                p.name: jobs[p.name]["images_per_s"] for p in profiles}
-            out[scenario] = sum(float(rates[p.name]) / p.solo_images_per_s for p in profiles)
+    for name in VALIDATED:
+        scenario = data.scenarios.get(name)
+        if scenario is not None and all(p.name in scenario.jobs for p in profiles):
+            out[name] = sum(scenario.job_rate(p.name) / p.solo_images_per_s for p in profiles)
     return out
 
 
@@ -145,7 +158,8 @@ def _error_pct(predicted: float, measured: float) -> float:
 def _ratio_table(predicted: Mapping[str, Mapping[str, float]], measured: Mapping[str, float]
                  ) -> dict[str, dict[str, float]]:
     table = {}
-    for top, bottom in RATIOS:
+    for ratio in registry.VALIDATED_RATIOS:
+        top, bottom = ratio.top, ratio.bottom
         if top in measured and bottom in measured:
             row = {"measured": measured[top] / measured[bottom]}
             for model, values in predicted.items():
@@ -153,28 +167,29 @@ def _ratio_table(predicted: Mapping[str, Mapping[str, float]], measured: Mapping
                     continue  # e.g. the gpu-like simulator has no link turns
                 row[model] = values[top] / values[bottom]
                 row[f"{model}_error_pct"] = _error_pct(row[model], row["measured"])
-            table[f"{top}/{bottom}"] = row
+            table[ratio.planner_key] = row
     return table
 
 
-def validate_comparison(data_or_path: str | os.PathLike | Mapping[str, Any], *,
-                        sim_steps: int = 120, seed: int = 0, model: str = "cpu",
-                        comm_cpu: CommCpu | Mapping[str, Any] | None = None,
-                        contention: LinkContention | None = None) -> dict[str, Any]:
+def validate_comparison(data_or_path: ComparisonInput, *, sim_steps: int = 120, seed: int = 0,
+                        model: str = "cpu", comm_cpu: CommCpu | Mapping[str, Any] | None = None,
+                        contention: LinkContention | None = None,
+                        regime: Regime | None = None) -> dict[str, Any]:
     """Predicted vs measured ratios (analytical on device `model`, and the 2-host simulator)
     with % errors, and the recommendation against the measured winner (`measured_winner`);
-    `comm_cpu` and `contention` replace the comparison's own measurements when given."""
+    `comm_cpu` and `contention` replace the comparison's own measurements when given, and
+    `regime` is a trial's (a comparison carries its own)."""
     data = load_comparison(data_or_path)
-    profiles = profiles_from_comparison(data, comm_cpu)
+    regime = _regime_of(data, regime)
+    profiles = profiles_from_comparison(data, comm_cpu, regime)
     measured = measured_normalised(data, profiles)
-    measured_agg = {k: float(data["scenarios"][k]["aggregate_images_per_s"])
-                    for k in VALIDATED
-                    if "aggregate_images_per_s" in data["scenarios"].get(k, {})}
+    measured_agg = {k: data.scenarios[k].aggregate_images_per_s
+                    for k in VALIDATED if k in data.scenarios}
     if len(profiles) != 2:
         return _validate_fifo(profiles, measured, measured_agg)
     a, b = profiles
     if contention is None:
-        contention = LinkContention.from_dict((data.get("regime") or {}).get("link_contention"))
+        contention = LinkContention.from_dict(regime.link_contention if regime else None)
     prediction = predict_pair(a, b, model=model, contention=contention)
     simulated = {policy: simulate([SimJob(a, (0, 1), policy), SimJob(b, (0, 1), policy)],
                                   n_hosts=2, steps=sim_steps, seed=seed)
@@ -229,4 +244,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         r = report["recommendation"]
         lines.append(f"\nRecommended: **{r['predicted']}**; measured winner: "
                      f"**{r['measured_winner'] or '— (no sequential run)'}**.")
+    limitation = limitation_of(model)
+    if limitation:
+        lines.append(f"\n{limitation}")
     return "\n".join(lines)

@@ -62,6 +62,25 @@ def flag_definer(flag_values: absl_flags.FlagValues) -> Callable[..., None]:
     return define
 
 
+def defined_names(define_flags: Callable[[absl_flags.FlagValues], None]) -> list[str]:
+    """The names `define_flags` defines, in its order: a script's FLAG_NAMES, derived so that
+    a flag added to define_flags cannot be left out of the settings it resolves."""
+    scratch = absl_flags.FlagValues()
+    define_flags(scratch)
+    return list(scratch)
+
+
+def adopt(flag_values: absl_flags.FlagValues,
+          define_flags: Callable[[absl_flags.FlagValues], None],
+          defaults: Mapping[str, Any]) -> None:
+    """Defines another script's flags on flag_values (shared by name) and sets this script's
+    defaults for the adopted ones (`defaults`, None: the other script's own)."""
+    define_flags(flag_values)
+    for name, default in defaults.items():
+        if default is not None:
+            flag_values.set_default(name, default)
+
+
 def require(condition: bool, message: str) -> None:
     """Raises ValueError(message) unless condition holds: flag errors read as sentences."""
     if not condition:
@@ -89,3 +108,19 @@ def write_results(out_dir: str | os.PathLike, stem: str, data: Any, table: str) 
     with open(os.path.join(out, f"{stem}.md"), "w", encoding="utf-8") as handle:
         handle.write(table)
     print(table)
+
+
+def run_mode(settings: Mapping[str, Any],
+             handlers: Mapping[str, Callable[[Mapping[str, Any]], tuple[Any, str]]]
+             ) -> dict[str, Any]:
+    """Runs settings["mode"]'s handler (-> result, markdown) and writes <out_dir>/<mode>.json
+    and .md: what plan.py's and the probes' modes leave behind."""
+    os.makedirs(settings["out_dir"], exist_ok=True)
+    mode = settings["mode"]
+    result, text = handlers[mode](settings)
+    paths = {ext: os.path.join(settings["out_dir"], f"{mode}.{ext}") for ext in ("json", "md")}
+    with open(paths["json"], "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=2)
+    with open(paths["md"], "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    return {"mode": mode, "result": result, "markdown": text, "paths": paths}

@@ -24,7 +24,6 @@ import tensorflow_datasets as tfds
 
 SYNTHETIC = "synthetic"
 _SYNTHETIC_TABLE_MAX_BYTES = 256 << 20
-DEFAULT_DATASET = "synthetic:mnist"
 
 # Synthetic images are a smooth per-class template (low-res noise upsampled) plus pixel noise.
 _TEMPLATE_RESOLUTION = 8

@@ -2,10 +2,11 @@
 
   python -m experiments.gpu_pair --steps=60 --model_dir=runs/gpu_check
 
-What scripts/gpu_check.sh runs on a GPU machine: each job is `horovodrun --gloo -np 1` on
-localhost training experiments.train (ResNet-20 on synthetic CIFAR-10 by default), so both jobs
-land on GPU 0 and pair through its physical lease key. It reports throughput and peak device
-memory per job, which is what tells whether two jobs fit and whether crossing pays there.
+What scripts/gpu_check.sh runs on a GPU machine: each job is one Horovod rank on this machine,
+started by the shared launcher (experiments.launch_pair), training experiments.train (ResNet-20
+on synthetic CIFAR-10 by default), so both jobs land on GPU 0 and pair through its physical
+lease key. It reports throughput and peak device memory per job, which is what tells whether
+two jobs fit and whether crossing pays there.
 On a CPU machine the same runs use the CPU as the device (useful to test this script).
 """
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import uuid
 from typing import Any, Mapping
 
@@ -22,23 +21,30 @@ from absl import app, flags, logging
 
 from crossover_tf_planner.job_stats import JobStats
 from experiments import config as config_lib
-from experiments import throughput
+from experiments import launch_pair
+from experiments.analysis import throughput
+from experiments.cluster import EmulatedCluster, remove_lease_segments
 
-FLAG_NAMES = ["model", "dataset", "global_batch_size", "steps", "warmup_steps",
-              "memory_limit_mb", "model_dir", "timeout_s"]
 SCENARIOS = {"solo": ("A",), "naive": ("A", "B"), "crossover": ("A", "B")}
+# train.py's flags the jobs get from this script, with its defaults (None: train.py's).
+TRAINING = {"model": "resnet20", "dataset": "synthetic:cifar10", "global_batch_size": 128,
+            "steps": 60, "warmup_steps": 10, "model_dir": "runs/gpu_pair",
+            "memory_limit_mb": None}
+
+
+def _define_own(flag_values: flags.FlagValues) -> None:
+    define = config_lib.flag_definer(flag_values)
+    define(flags.DEFINE_float, "timeout_s", 600.0, "Bound on each scenario's wall time.")
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Training flags are train.py's own, with this experiment's defaults."""
     from experiments import train
-    train.define_flags(flag_values)
-    for name, default in (("model", "resnet20"), ("dataset", "synthetic:cifar10"),
-                          ("global_batch_size", 128), ("steps", 60), ("warmup_steps", 10),
-                          ("model_dir", "runs/gpu_pair")):
-        flag_values.set_default(name, default)
-    define = config_lib.flag_definer(flag_values)
-    define(flags.DEFINE_float, "timeout_s", 600.0, "Bound on each scenario's wall time.")
+    config_lib.adopt(flag_values, train.define_flags, TRAINING)
+    _define_own(flag_values)
+
+
+FLAG_NAMES = [*TRAINING, *config_lib.defined_names(_define_own)]
 
 
 def validate(c: Any) -> None:
@@ -56,38 +62,37 @@ def _train_argv(c: Any, job: str, group: str, model_dir: str, barrier: str) -> l
         "memory_limit_mb": c.memory_limit_mb})
 
 
-def _run_scenario(c: Any, name: str, out: pathlib.Path) -> dict[str, JobStats]:
-    """Starts the scenario's jobs together (one horovodrun each) and waits, bounded."""
+def scenario_commands(c: Any, name: str, out: pathlib.Path) -> tuple[dict[str, list[str]], str]:
+    """Each job's train.py command for scenario `name`, and its lease group ("" for none):
+    only crossover pairs the jobs through a lease; jobs run together start at one barrier."""
     jobs = SCENARIOS[name]
     group = f"gp{uuid.uuid4().hex[:8]}" if name == "crossover" else ""
-    barrier = out / "barriers" / name
-    shutil.rmtree(barrier, ignore_errors=True)
-    horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
-    env = {k: v for k, v in os.environ.items() if k != "CROSSOVER_DEVICE_KEY"}
-    procs = {}
-    for job in jobs:
-        argv = _train_argv(c, job, group, str(out / name),
-                           f"{barrier}:{len(jobs)}" if len(jobs) > 1 else "")
-        log = open(out / f"{name}_{job}.log", "w")  # noqa: SIM115 - closed after the wait
-        procs[job] = (subprocess.Popen([horovodrun, "--gloo", "-np", "1", "-H", "localhost:1",
-                                        *argv], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True), log)
-    failed = []
-    for job, (proc, log) in procs.items():
-        try:
-            proc.wait(timeout=c.timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        log.close()
-        if proc.returncode != 0:
-            failed.append(f"{job} (exit {proc.returncode}, log {log.name})")
-    if group:
-        from crossover_tf.lease.segments import remove_group_segments
-        remove_group_segments([group])
-    if failed:
-        raise RuntimeError(f"scenario {name}: job(s) failed: {', '.join(failed)}")
-    return {job: JobStats.from_json(out / name / job / "stats.json") for job in jobs}
+    barrier = f"{out / 'barriers' / name}:{len(jobs)}" if len(jobs) > 1 else ""
+    return {job: _train_argv(c, job, group, str(out / name), barrier) for job in jobs}, group
+
+
+def this_machine() -> EmulatedCluster:
+    """This machine as the launcher's one (localhost) host, its ranks free to use every CPU
+    this process may (an emulated host pins its ranks to one)."""
+    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    return EmulatedCluster(num_hosts=1, cpus=[cpus], force_localhost=True)
+
+
+def _run_scenario(cluster: EmulatedCluster, c: Any, name: str, out: pathlib.Path
+                  ) -> dict[str, JobStats]:
+    """Starts the scenario's jobs together (one rank each) and waits, bounded. The launcher
+    sets no device key: the jobs pair through the runtime's physical key of the device."""
+    commands, group = scenario_commands(c, name, out)
+    shutil.rmtree(out / "barriers" / name, ignore_errors=True)  # arrivals of an earlier run
+    try:
+        results = launch_pair.run_jobs(cluster, commands, mode="concurrent",
+                                       log_dir=str(out / "logs" / name),
+                                       timeout_s=c.timeout_s, host_device_key=False)
+    finally:
+        if group:
+            remove_lease_segments([group])
+    launch_pair.raise_on_failure(results, f"scenario {name}")
+    return {job: JobStats.from_json(out / name / job / "stats.json") for job in commands}
 
 
 def summarise(stats: Mapping[str, Mapping[str, JobStats]], warmup_steps: int) -> dict[str, Any]:
@@ -131,9 +136,10 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     out = pathlib.Path(c.model_dir)
     out.mkdir(parents=True, exist_ok=True)
     stats = {}
-    for name in SCENARIOS:
-        logging.info("gpu_pair: scenario %s", name)
-        stats[name] = _run_scenario(c, name, out)
+    with this_machine() as cluster:
+        for name in SCENARIOS:
+            logging.info("gpu_pair: scenario %s", name)
+            stats[name] = _run_scenario(cluster, c, name, out)
     summary = summarise(stats, c.warmup_steps)
     summary["settings"] = {name: getattr(c, name) for name in FLAG_NAMES}
     config_lib.write_results(out, "gpu_pair", summary, markdown(summary))

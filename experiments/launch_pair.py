@@ -27,11 +27,6 @@ DEFAULT_LOG_DIR = "runs/launch_pair"
 MODES = ("concurrent", "sequential", "single")
 _PYTHON_NAMES = ("python", "python3")
 
-FLAG_NAMES = ["job_a", "job_b", "mode", "num_hosts", "bandwidth_mbit", "latency_ms", "cpus",
-              "log_dir", "timeout_s", "lease_groups", "force_localhost", "measure_bandwidth",
-              "result_json"]
-
-
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Defines this script's flags on flag_values (compare.py shares the cluster ones);
     log_dir is absl.logging's own flag when absl defined it first, and is shared."""
@@ -57,6 +52,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_bool, "measure_bandwidth", False,
            "Measure host0->host1 TCP rate before the jobs.")
     define(flags.DEFINE_string, "result_json", None, "Also write the result dict to this file.")
+
+
+FLAG_NAMES = config_lib.defined_names(define_flags)
 
 
 def _check(c: Any) -> None:
@@ -91,17 +89,19 @@ def _run_jobs(cluster: EmulatedCluster, config: Mapping[str, Any]) -> dict[str, 
 
 
 def run_jobs(cluster: EmulatedCluster, jobs: Mapping[str, list[str]], *, mode: str,
-             log_dir: str, timeout_s: float, env: Mapping[str, str] | None = None
-             ) -> dict[str, dict]:
+             log_dir: str, timeout_s: float, env: Mapping[str, str] | None = None,
+             host_device_key: bool = True) -> dict[str, dict]:
     """Runs the named jobs on an existing cluster together (concurrent) or in order, within
     one overall time budget, every rank with `env` added; returns wait_jobs' per-job
-    results."""
+    results. host_device_key (launch.rank_env's): False on a real device, whose lease key the
+    runtime finds."""
     deadline = time.monotonic() + timeout_s
 
     def start(name: str):
         return launch_job(cluster, jobs[name], job_name=name,
-                          env={**(env or {}), "CROSSOVER_JOB": name},
-                          log_dir=log_dir, timeout_s=deadline - time.monotonic())
+                          env={**(env or {}), "CROSSOVER_JOB": name}, log_dir=log_dir,
+                          timeout_s=deadline - time.monotonic(),
+                          host_device_key=host_device_key)
 
     if mode == "concurrent":
         return wait_jobs([start(name) for name in jobs])

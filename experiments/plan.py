@@ -10,15 +10,10 @@ Modes (``--mode``):
 * ``sweep``: grid of C/M and period ratios -> where shift vs crossover helps
   (JSON, markdown table, PNG heat map);
 * ``validate``: a ``--comparison`` JSON from experiments/compare.py -> predicted
-  vs measured ratios with % errors (``--comm_cpu`` adds a calibrate.json's CPU cost);
-* ``calibrate``: about a minute on the emulated cluster (root) measuring what an allreduce
-  costs the CPU core it shares with another job's compute (experiments/comm_cpu.py);
-* ``link_sharing``: about two minutes on the emulated cluster (root): two jobs' allreduces
-  at once against one job's alone, i.e. whether the link shares evenly (comm_cpu.py);
-* ``contention``: about a minute and a half on the emulated cluster (root): the link's
-  efficiency when two jobs' allreduces overlap at random, and an allreduce's slowdown beside a
-  busy core (the planner's LinkContention, comm_cpu.measure_contention).
+  vs measured ratios with % errors (``--comm_cpu`` adds a calibrate.json's CPU cost).
 
+The modes that measure on the emulated cluster (calibrate, link_sharing, contention) are
+``python -m experiments.probes``; this script only plans, without TensorFlow or a cluster.
 ``--device_model`` says how jobs share a device without a scheduler (device_models.py):
 ``gpu`` (time-sliced contexts, random phases) for recommend and pair, ``cpu`` (one
 time-sliced core: naive co-location keeps it busy) for comparisons on the emulated cluster.
@@ -43,8 +38,7 @@ from crossover_tf_planner.json_io import InputFileError
 from crossover_tf_planner.device_models import DEVICE_MODELS
 from experiments import config as config_lib
 
-MODES = ("recommend", "pair", "simulate", "sweep", "validate", "calibrate", "link_sharing",
-         "contention")
+MODES = ("recommend", "pair", "simulate", "sweep", "validate")
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -73,25 +67,16 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "scheduler (recommend, pair; validate always models the emulated cluster's cpu).",
            enum_values=sorted(DEVICE_MODELS))
     define(flags.DEFINE_string, "comm_cpu", None,
-           "validate: a calibrate.json whose allreduce CPU cost the cpu model charges.")
+           "validate: a calibrate.json (python -m experiments.probes --mode=calibrate) whose "
+           "allreduce CPU cost the cpu model charges.")
     define(flags.DEFINE_string, "link_contention", None,
-           "recommend, pair, validate: a contention.json (--mode=contention on the cluster "
+           "recommend, pair, validate: a contention.json (probes --mode=contention on the cluster "
            "the jobs share) whose link contention the models charge; validate: instead of "
            "the comparison's own. Default: recommend and pair assume a lossless link.")
-    define(flags.DEFINE_float, "calibrate_mbit", 20.0,
-           "calibrate, link_sharing, contention: link bandwidth (Mbit/s).")
-    define(flags.DEFINE_float, "calibrate_mb", 4.0,
-           "calibrate, link_sharing, contention: MB per allreduce.")
-    define(flags.DEFINE_float, "calibrate_seconds", 10.0,
-           "calibrate, link_sharing, contention: timed allreduces of one job alone (s).")
-    define(flags.DEFINE_float, "calibrate_cycle_time_ms", None,
-           "calibrate: HOROVOD_CYCLE_TIME for the probe (default: Horovod's, 1 ms).")
 
 
-FLAG_NAMES = ["mode", "profiles", "comparison", "out_dir", "min_gain", "device_efficiency",
-              "n_hosts", "n_jobs", "sim_steps", "seed", "cm_ratios", "period_ratios",
-              "threshold", "handoff_s", "device_model", "comm_cpu", "link_contention",
-              "calibrate_mbit", "calibrate_mb", "calibrate_seconds", "calibrate_cycle_time_ms"]
+
+FLAG_NAMES = config_lib.defined_names(define_flags)
 
 
 def _check_settings(c: Any) -> None:
@@ -162,70 +147,14 @@ def _validate(s: Mapping[str, Any]) -> tuple[dict, str]:
     return report, validate.to_markdown(report)
 
 
-def _calibrate(s: Mapping[str, Any]) -> tuple[dict, str]:
-    from experiments import comm_cpu
-    measured = comm_cpu.measure(s["calibrate_mbit"], megabytes=s["calibrate_mb"],
-                                seconds=s["calibrate_seconds"],
-                                log_dir=os.path.join(s["out_dir"], "comm_cpu_logs"),
-                                cycle_time_ms=s["calibrate_cycle_time_ms"])
-    probe = measured.probe
-    text = (f"An allreduce costs its core {measured.cpu_per_wait_s:.3f} CPU s per s of waiting "
-            f"and {1e3 * measured.cpu_s_per_mb:.2f} CPU ms per MB moved ({probe['allreduces']} "
-            f"allreduces of {probe['megabytes']:.2f} MB at {s['calibrate_mbit']:g} Mbit/s: "
-            f"{1e3 * probe['wall_s_per_allreduce']:.1f} ms and "
-            f"{1e3 * probe['cpu_s_per_allreduce']:.1f} CPU ms each).")
-    return measured.to_dict(), text
-
-
-def _link_sharing(s: Mapping[str, Any]) -> tuple[dict, str]:
-    from experiments import comm_cpu
-    measured = comm_cpu.measure_sharing(
-        s["calibrate_mbit"], megabytes=s["calibrate_mb"], seconds=s["calibrate_seconds"],
-        log_dir=os.path.join(s["out_dir"], "link_sharing_logs"))
-    shared = ", ".join(f"{1e3 * v:.1f}" for v in measured["shared_s_per_allreduce"].values())
-    text = (f"Allreduces of {measured['megabytes']:.2f} MB at {s['calibrate_mbit']:g} Mbit/s: "
-            f"{1e3 * measured['solo_s_per_allreduce']:.1f} ms each for one job alone, {shared} "
-            f"ms for two jobs at once ({measured['overlap_s']:.1f} s together). Combined "
-            f"throughput over one job's alone: {measured['combined_throughput']:.2f} (1: the "
-            f"link splits evenly).")
-    return measured, text
-
-
-def _measure_contention(s: Mapping[str, Any]) -> tuple[dict, str]:
-    from experiments import comm_cpu
-    measured = comm_cpu.measure_contention(
-        s["calibrate_mbit"], megabytes=s["calibrate_mb"], seconds=s["calibrate_seconds"],
-        log_dir=os.path.join(s["out_dir"], "contention_logs"))
-    return measured.to_dict(), _contention_text(measured.to_dict())
-
-
-def _contention_text(measured: Mapping[str, Any]) -> str:
-    """One sentence on a measured LinkContention record (contention.md)."""
-    probe = measured["probe"]
-    return (f"Link contention at {measured['bandwidth_mbit']:.4g} Mbit/s, allreduces of "
-            f"{probe['megabytes']:.2f} MB: two jobs overlapping at random moved "
-            f"{measured['shared_efficiency']:.3f}x what the link moves for one "
-            f"({sum(probe['allreduces'].values())} allreduces in {probe['window_s']:.0f} s); "
-            f"beside a busy core an allreduce took {1e3 * probe['burdened_s']:.0f} ms against "
-            f"{1e3 * probe['solo_s']:.0f} ms ({measured['compute_slowdown']:.3f}x).")
-
-
 _HANDLERS = {"recommend": _recommend, "pair": _pair, "simulate": _simulate,
-             "sweep": _sweep, "validate": _validate, "calibrate": _calibrate,
-             "link_sharing": _link_sharing, "contention": _measure_contention}
+             "sweep": _sweep, "validate": _validate}
 
 
 def run(flag_values: Any = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Runs one mode; ``overrides`` replace flag values (for tests and callers)."""
     s = _settings(flag_values if flag_values is not None else flags.FLAGS, overrides)
-    os.makedirs(s["out_dir"], exist_ok=True)
-    result, text = _HANDLERS[s["mode"]](s)
-    paths = {ext: os.path.join(s["out_dir"], f"{s['mode']}.{ext}") for ext in ("json", "md")}
-    with open(paths["json"], "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    with open(paths["md"], "w", encoding="utf-8") as handle:
-        handle.write(text + "\n")
-    return {"mode": s["mode"], "result": result, "markdown": text, "paths": paths}
+    return config_lib.run_mode(s, _HANDLERS)
 
 
 def main(argv: list[str]) -> None:

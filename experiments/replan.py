@@ -1,6 +1,6 @@
 """Predicts again for saved comparisons, without running a job: the planner's columns of each
 compare.json (and a sweep's sweep.{json,md,png}) from the solo profiles they hold, with the
-current planner and, optionally, a comm CPU calibration (plan.py --mode=calibrate).
+current planner and, optionally, a comm CPU calibration (probes --mode=calibrate).
 
   python -m experiments.replan --dir=runs/sweep --comm_cpu=runs/plan/calibrate.json
 
@@ -9,16 +9,17 @@ them are rewritten. The model is then checked on data it was not fitted to.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from typing import Any, Mapping
 
 from absl import app, flags
 
-from experiments import compare, report, sweep
+from crossover_tf_planner import registry
+from crossover_tf_planner.comparison import Comparison, Regime
 from experiments import config as config_lib
-
-FLAG_NAMES = ["dir", "comm_cpu"]
+from experiments.analysis import planning, report, sweep
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -26,7 +27,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_string, "dir", "runs/compare",
            "A compare.py --out_dir: one comparison, or a sweep's ratio_* comparisons.")
     define(flags.DEFINE_string, "comm_cpu", None,
-           "calibrate.json from plan.py --mode=calibrate; replaces each comparison's own.")
+           "calibrate.json from probes --mode=calibrate; replaces each comparison's own.")
+
+
+FLAG_NAMES = config_lib.defined_names(define_flags)
 
 
 def replan(directory: str | pathlib.Path,
@@ -39,17 +43,19 @@ def replan(directory: str | pathlib.Path,
         raise ValueError(f"no compare.json in {directory} or its ratio_* directories")
     results = []
     for path in paths:
-        result = json.loads(path.read_text())
+        result = Comparison.from_json(path)
         if comm_cpu is not None:
-            result["regime"] = {**(result.get("regime") or {}), "comm_cpu": dict(comm_cpu)}
-        compare.plan_trials(result)
-        path.write_text(json.dumps(result, indent=2, default=str))
+            regime = dataclasses.replace(result.regime or Regime(), comm_cpu=dict(comm_cpu))
+            result = dataclasses.replace(result, regime=regime)
+        result = planning.plan_trials(result)
+        result.to_json(path)
         (path.parent / "compare.md").write_text(report.markdown(result))
         results.append(result)
-    results.sort(key=lambda r: (r.get("regime") or {}).get("comm_to_compute_asked") or 0.0)
+    results.sort(key=lambda r: (r.regime.comm_to_compute_asked if r.regime else None) or 0.0)
     saved = directory / "sweep.json"
     if not saved.exists():
-        return [sweep.row(r) for r in results if "naive_over_sequential" in r["ratios"]]
+        return [sweep.row(r) for r in results
+                if registry.NAIVE_OVER_SEQUENTIAL.key in r.ratios]
     rows = [sweep.row(r) for r in results]
     summary = {**json.loads(saved.read_text()), "rows": rows}
     saved.write_text(json.dumps(summary, indent=2))

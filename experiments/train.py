@@ -24,13 +24,6 @@ from absl import app, flags, logging  # noqa: E402
 from crossover_tf_planner.job_stats import JobStats  # noqa: E402
 from experiments import config as config_lib  # noqa: E402
 
-FLAG_NAMES = ["job", "group", "model", "dataset", "data_dir", "global_batch_size", "steps",
-              "epochs", "warmup_steps", "learning_rate", "momentum", "jit_compile", "model_dir",
-              "seed", "lease_timeout_s", "compression", "threads", "log_every", "start_barrier",
-              "memory_limit_mb", "priority", "micro_batches", "horovod_timeline", "link_turn",
-              "link_turn_jobs"]
-
-
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Defines this script's flags on flag_values (compare.py shares them)."""
     define = config_lib.flag_definer(flag_values)
@@ -73,9 +66,18 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_integer, "link_turn", -1, "This job's position in its group's "
            "allreduce order (0, 1, ...; -1: none): the group's jobs then allreduce one at a "
            "time (crossover_tf.lease.link_turn).")
-    define(flags.DEFINE_integer, "link_turn_jobs", 2, "How many jobs take link turns.")
+    define(flags.DEFINE_integer, "group_jobs", 2, "How many jobs the crossover group has: "
+           "each waits at start until that many jobs are on its device's lease, and fails "
+           "otherwise (1: a job meant to run alone). Link turns use the same count.")
+    define(flags.DEFINE_float, "join_timeout_s", 120.0, "The longest a job waits at start "
+           "for the group's other jobs.")
+    define(flags.DEFINE_string, "lease_dir", "", "Directory of the lease segments, seen by "
+           "every job of the group (empty: $CROSSOVER_LEASE_DIR, else /dev/shm).")
     define(flags.DEFINE_string, "horovod_timeline", "", "Write Horovod's timeline (rank 0, "
-           "chrome://tracing JSON) to this file; experiments/horovod_timeline.py reads it.")
+           "chrome://tracing JSON) to this file; analysis/horovod_timeline.py reads it.")
+
+
+FLAG_NAMES = config_lib.defined_names(define_flags)
 
 
 def validate(c: Any) -> None:
@@ -104,10 +106,7 @@ def validate(c: Any) -> None:
     config_lib.require(bool(c.job) and "/" not in c.job, f"bad job name {c.job!r}")
     config_lib.require(c.link_turn < 0 or bool(c.group),
                        "link_turn orders a crossover group's allreduces: set --group too")
-    if c.link_turn >= 0:
-        from crossover_tf.lease.link_turn import validate_turn, validate_turn_priority
-        validate_turn(c.link_turn, c.link_turn_jobs)
-        validate_turn_priority(c.priority)
+    _options(c)  # the strategy's option groups refuse what would be dropped or cannot work
 
 
 def settings(flag_values: flags.FlagValues = flags.FLAGS,
@@ -135,8 +134,8 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     c = settings(flag_values, overrides)
     import keras
 
-    from crossover_tf import callbacks as xo_callbacks
     from experiments import datasets
+    from experiments.step_statistics import StepStatistics
 
     _set_threads(c.threads)
     if c.horovod_timeline:  # read by hvd.init, which the strategy calls
@@ -154,8 +153,8 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
             seed=c.seed, data_dir=c.data_dir))
     model = _compiled_model(c, strategy)
     job_dir = pathlib.Path(c.model_dir) / c.job
-    step_stats = xo_callbacks.StepStatistics(strategy, c.global_batch_size, str(job_dir),
-                                             c.log_every, description=_description(c, strategy))
+    step_stats = StepStatistics(strategy, c.global_batch_size, str(job_dir), c.log_every,
+                                description=_description(c, strategy))
     barriers = []
     if c.start_barrier:
         from experiments import barrier
@@ -163,10 +162,12 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
         barrier.wait_at_barrier(barrier.phase(c.start_barrier, "start"), me)
         if c.warmup_steps:  # the timed steps of every job start together too
             barriers.append(barrier.TimedStartBarrier(barrier.phase(c.start_barrier, "timed"),
-                                                      me, c.warmup_steps, strategy.turn))
+                                                      me, c.warmup_steps,
+                                                      strategy.extended.turn))
     start_ns = time.time_ns()
     model.fit(train_data, epochs=c.epochs, steps_per_epoch=c.steps, verbose=0,
-              callbacks=[*strategy.callbacks(), *barriers, step_stats])
+              callbacks=[*strategy.callbacks(micro_batches=c.micro_batches), *barriers,
+                         step_stats])
     stats = _job_stats(c, strategy, model, step_stats.records, start_ns, time.time_ns())
     job_dir.mkdir(parents=True, exist_ok=True)
     stats.to_json(job_dir / stats_file_name(strategy.rank))
@@ -186,8 +187,8 @@ def _description(c: types.SimpleNamespace, strategy: Any) -> dict[str, str]:
     (and which one is the primary)."""
     return {"job": c.job, "lease group": c.group or "(none: no lease)",
             "priority": c.priority, "micro-batches per step": str(c.micro_batches),
-            "link turn": (f"{c.link_turn} of {c.link_turn_jobs}" if c.link_turn >= 0
-                          else "(none)"),
+            "jobs in the group": str(c.group_jobs),
+            "link turn": f"{c.link_turn}" if c.link_turn >= 0 else "(none)",
             "ranks": str(strategy.size), "model": c.model,
             "global batch": str(c.global_batch_size)}
 
@@ -200,17 +201,26 @@ def _set_threads(threads: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
 
 
+def _options(c: types.SimpleNamespace) -> dict[str, Any]:
+    """The strategy's option groups from the settings (checked as they are made)."""
+    from crossover_tf import options
+    lease = options.LeaseOptions(
+        jobs=c.group_jobs, join_timeout_s=c.join_timeout_s, timeout_s=c.lease_timeout_s,
+        priority=c.priority, lease_dir=c.lease_dir or None, job=c.job)
+    link_turn = (options.LinkTurnOptions(position=c.link_turn) if c.link_turn >= 0 else None)
+    options.check_combination(c.group, lease, link_turn)
+    return {"lease": lease, "link_turn": link_turn,
+            "device": options.DeviceOptions(memory=c.memory_limit_mb or "growth")}
+
+
 def _strategy(c: types.SimpleNamespace) -> Any:
     import horovod.tensorflow as hvd
 
     import crossover_tf
     compression = hvd.Compression.fp16 if c.compression == "fp16" else hvd.Compression.none
-    return crossover_tf.CrossoverStrategy(group=c.group, lease_timeout_s=c.lease_timeout_s,
-                                          compression=compression,
-                                          memory_limit_mb=c.memory_limit_mb or None,
-                                          priority=c.priority, micro_batches=c.micro_batches,
-                                          link_turn=c.link_turn if c.link_turn >= 0 else None,
-                                          link_turn_jobs=c.link_turn_jobs)
+    return crossover_tf.CrossoverStrategy(
+        c.group, communication=crossover_tf.CommunicationOptions(compression=compression),
+        **_options(c))
 
 
 def _compiled_model(c: types.SimpleNamespace, strategy: Any) -> Any:
@@ -231,8 +241,8 @@ def _compiled_model(c: types.SimpleNamespace, strategy: Any) -> Any:
 def _job_stats(c: types.SimpleNamespace, strategy: Any, model: Any,
                records: list[dict[str, float]], start_ns: int, end_ns: int) -> JobStats:
     """Timing of the steps after warm-up, and each phase's median from the lease timeline
-    (crossover_tf.job_record, the conversion ProfileCallback uses too)."""
-    from crossover_tf import job_record
+    (crossover_tf.profiling.job_record, the conversion ProfileCallback uses too)."""
+    from crossover_tf.profiling import job_record
     return job_record.job_stats(
         strategy, records, job=c.job, global_batch_size=c.global_batch_size,
         warmup_steps=c.warmup_steps, start_ns=start_ns, end_ns=end_ns, group=c.group,

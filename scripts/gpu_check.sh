@@ -3,7 +3,7 @@
 #   1. install for GPUs (CROSSOVER_TF_EXTRA=gpu; cached after the first time);
 #   2. the lease ops on the GPU: device tensors pass through, the yield waits for the compute
 #      stream, an eager release needs no stream (pytest -m needs_gpu);
-#   3. two crossed jobs on one GPU (horovodrun --gloo -np 1 each, ResNet-20 on synthetic
+#   3. two crossed jobs on one GPU (one Horovod rank each, ResNet-20 on synthetic
 #      CIFAR-10) next to solo and naive co-location: throughput and peak GPU memory per job,
 #      printed as a markdown table and written to runs/gpu_check/gpu_pair.{md,json}.
 # On a machine without an NVIDIA GPU it says so and exits 0: there is nothing to check.

@@ -105,6 +105,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--group", default="")
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
     parser.add_argument("--plain", action="store_true", help="plain Horovod, no strategy")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
@@ -112,8 +113,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import crossover_tf
-    strategy = None if args.plain else crossover_tf.CrossoverStrategy(group=args.group,
-                                                                      lease_timeout_s=60)
+    strategy = None if args.plain else crossover_tf.CrossoverStrategy(
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60))
     if strategy is None:
         hvd.init()
     rank = hvd.rank()
@@ -145,9 +146,9 @@ def main() -> None:
             if i == 0 and args.barrier:  # line up after tracing, which differs per job
                 wait_at_barrier(args.barrier, f"{args.group}-{args.plain}-{rank}-{os.getpid()}")
         result.update(losses=losses, weights=[w.tolist() for w in model.get_weights()])
-        if strategy is not None and strategy.lease is not None:
+        if strategy is not None and strategy.extended.lease is not None:
             result["lease_stats"] = strategy.lease_stats()
-            result["timeline"] = strategy.lease.timeline().tolist()
+            result["timeline"] = strategy.extended.lease.timeline().tolist()
     with open(args.out.replace("RANK", str(rank)), "w") as f:
         json.dump(result, f)
 

@@ -141,7 +141,7 @@ class StampedSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def hold_lease_for(strategy, seconds: float, ready: str) -> None:
     """A peer process takes the lease and keeps it for `seconds` (it is killed, then)."""
     holder = subprocess.Popen([sys.executable, LEASE_WORKER, "hold", strategy.group,
-                               strategy.device_key, ready])
+                               strategy.extended.device_key, ready])
     deadline = time.monotonic() + 60
     while not os.path.exists(ready):
         if time.monotonic() > deadline:
@@ -159,7 +159,7 @@ def jit_off(strategy, args) -> dict:
                   jit_compile=False)
     hold_lease_for(strategy, 1.5, args.out + ".ready")
     fit(model, strategy, 4)
-    return {"stamps": STAMPS, "timeline": strategy.lease.timeline().tolist()}
+    return {"stamps": STAMPS, "timeline": strategy.extended.lease.timeline().tolist()}
 
 
 # ----- issue item 6: XLA compiles outside the lease --------------------------------------------
@@ -169,7 +169,7 @@ def warm_up(strategy, args) -> dict:
                               keras.layers.Dense(CLASSES)])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=LOSS, jit_compile=True)
     fit(model, strategy, 8)
-    return {"timeline": strategy.lease.timeline().tolist()}
+    return {"timeline": strategy.extended.lease.timeline().tolist()}
 
 
 # ----- the whole user script, crossed or plain -------------------------------------------------
@@ -234,7 +234,8 @@ def user_script(strategy, args) -> dict:
             "bn_moving_mean": bn.moving_mean.numpy().tolist(),
             "test_batches": evaluation.test_batches,
             "held_at_epoch_end": evaluation.held_at_epoch_end,
-            "timeline": strategy.lease.timeline().tolist() if strategy.lease else []}
+            "timeline": (strategy.extended.lease.timeline().tolist()
+                         if strategy.is_crossover else [])}
 
 
 SCENARIOS = {f.__name__: f for f in (recompile, broadcast, mismatch, jit_off, warm_up,
@@ -246,11 +247,13 @@ def main() -> None:
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("out")
     parser.add_argument("--group", default="")
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
     parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
     parser.add_argument("--ckpt", default="", help="model file the scenario may write")
     args = parser.parse_args()
     import crossover_tf
-    strategy = crossover_tf.CrossoverStrategy(group=args.group, lease_timeout_s=60)
+    strategy = crossover_tf.CrossoverStrategy(
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60))
     args.ckpt = args.ckpt.replace("RANK", str(strategy.rank))
     keras.utils.set_random_seed(7 + strategy.rank)  # different per rank: broadcast must fix it
     result = SCENARIOS[args.scenario](strategy, args)

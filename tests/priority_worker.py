@@ -24,14 +24,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--group", default="")
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
     parser.add_argument("--priority", default="normal")
     parser.add_argument("--micro_batches", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--barrier", default="")
     args = parser.parse_args()
-    strategy = crossover_tf.CrossoverStrategy(args.group, priority=args.priority,
-                                              micro_batches=args.micro_batches)
+    strategy = crossover_tf.CrossoverStrategy(
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, priority=args.priority))
     keras.utils.set_random_seed(1)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * args.steps, FEATURES)).astype("float32")
@@ -45,15 +46,17 @@ def main() -> None:
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       jit_compile=True)
     # Trace, compile and broadcast before lining up, so the timed fits really run together.
-    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0, callbacks=strategy.callbacks())
+    crossing = strategy.callbacks(micro_batches=args.micro_batches)
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0, callbacks=crossing)
     if args.barrier:
         wait_at_barrier(args.barrier, f"{args.priority}-{os.getpid()}")
     losses = []
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-              callbacks=[*strategy.callbacks(), keras.callbacks.LambdaCallback(
+              callbacks=[*crossing, keras.callbacks.LambdaCallback(
                   on_train_batch_end=lambda batch, logs: losses.append(float(logs["loss"])))])
     report = {"losses": losses, "weights": [w.tolist() for w in model.get_weights()],
-              "timeline": strategy.lease.timeline().tolist() if strategy.lease else []}
+              "timeline": (strategy.extended.lease.timeline().tolist()
+                         if strategy.is_crossover else [])}
     with open(args.out, "w") as f:
         json.dump(report, f)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import types
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -25,11 +24,13 @@ def main() -> None:
     parser.add_argument("profile")
     parser.add_argument("result")
     parser.add_argument("--group", required=True)
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
     args = parser.parse_args()
     import horovod.tensorflow as hvd
 
     import crossover_tf
-    strategy = crossover_tf.CrossoverStrategy(group=args.group, lease_timeout_s=60)
+    strategy = crossover_tf.CrossoverStrategy(
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60))
     with strategy.scope():
         model = build_model(bad_xla=False)
     profile = crossover_tf.ProfileCallback(strategy, args.profile, steps=STEPS,
@@ -39,7 +40,7 @@ def main() -> None:
     model.fit(strategy.distribute_dataset(global_dataset(40)), verbose=0,
               callbacks=[*strategy.callbacks(), profile, steps])
     try:
-        crossover_tf.ProfileCallback(types.SimpleNamespace(lease=None), args.profile)
+        crossover_tf.ProfileCallback(crossover_tf.CrossoverStrategy(""), args.profile)
         no_group_error = ""
     except ValueError as error:
         no_group_error = str(error)

@@ -65,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--group", default="")
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--reference", action="store_true", help="plain Keras, one process")
     parser.add_argument("--save", default="")
@@ -91,8 +92,10 @@ def main() -> None:
         if args.group_per_rank:
             hvd.init()
             group = f"{args.group}{hvd.rank()}"
-        strategy = crossover_tf.CrossoverStrategy(group=group, lease_timeout_s=60,
-                                                  link_turn=args.link_turn)
+        strategy = crossover_tf.CrossoverStrategy(
+            group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60),
+            link_turn=(None if args.link_turn is None
+                       else crossover_tf.LinkTurnOptions(position=args.link_turn)))
         rank = strategy.rank
         keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
         with strategy.scope():
@@ -106,11 +109,11 @@ def main() -> None:
                   epochs=args.epochs, verbose=0,
                   callbacks=[*strategy.callbacks(), record, line_up])
         result["lease_stats"] = strategy.lease_stats()
-        if strategy.turn is not None:
+        if strategy.extended.turn is not None:
             result["turn_stats"] = strategy.turn_stats()
-            result["turn_timeline"] = strategy.turn.timeline().tolist()
-        if strategy.lease is not None:
-            result["timeline"] = strategy.lease.timeline().tolist()
+            result["turn_timeline"] = strategy.extended.turn.timeline().tolist()
+        if strategy.extended.lease is not None:
+            result["timeline"] = strategy.extended.lease.timeline().tolist()
         if args.fit_only:
             args.save = ""
         else:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from crossover_tf_planner.job_stats import JobStats
-from experiments import attribute, horovod_timeline
+from crossover_tf_planner.comparison import Comparison
+from experiments.analysis import attribute, horovod_timeline
 
 MS = 1_000_000  # ns
 
@@ -179,6 +180,7 @@ def test_comparison_attribution_reads_every_ranks_saved_record(tmp_path):
     result = {"settings": {"warmup_steps": 1}, "scenarios": {
         "crossover": {"jobs": {j: crossed_rank0[j].to_dict() for j in "AB"}},
         **{f"solo_{j}": {"jobs": {j: solo_ranks[j][0].to_dict()}} for j in "AB"}}}
+    result = Comparison.from_dict(result)
     out = attribute.from_comparison(result, out_dir=tmp_path)
     assert out["allreduce_split"]["A"]["solo"] == pytest.approx(
         {"total_ms": 40.0, "wait_for_last_rank_ms": 0.0, "after_last_rank_ms": 40.0})

@@ -12,9 +12,14 @@ import pytest
 
 from crossover_tf_planner import validate as planner_validate
 from crossover_tf_planner.job_stats import JobStats
-from experiments import calibration, compare, intervals, report, scenarios, sweep, trials
+from experiments import compare
+from experiments.analysis import intervals, report, sweep
+from experiments.analysis import planning
+from experiments.comparison import calibrate, calibration, scenarios, trials
+from experiments.comparison import summary as summary_lib
 from crossover_tf_planner.comm_cost import CommCpu, LinkContention
-from experiments.calibration import CalibrationPoint, CommFit
+from crossover_tf_planner.comparison import Comparison, Interval, Regime
+from experiments.comparison.calibration import CalibrationPoint, CommFit
 
 MS = 1e-3
 
@@ -121,17 +126,18 @@ def test_williams_orders_balance_positions_and_neighbours(names):
     assert _position_and_adjacency_counts(latin)[0] == {1}
     assert trials.trial_order(names, rows) == names  # cycles after a full design
     design = trials.order_design(names, 3)
-    assert design["positions_balanced"] == (len(names) == 3)
-    assert not design["adjacency_balanced"]
-    assert trials.order_design(names, rows)["adjacency_balanced"]
+    assert design.positions_balanced == (len(names) == 3)
+    assert not design.adjacency_balanced
+    assert trials.order_design(names, rows).adjacency_balanced
 
 
 def test_unbalanced_trial_count_is_said_in_compare_md():
-    result = {**trials.combine(_trial_results([1.5, 1.8, 1.2])),
-              "order_design": trials.order_design(["sequential", "naive", "crossover",
-                                                   "crossover_turn"], 3)}
+    result = dataclasses.replace(trials.combine(_trial_results([1.5, 1.8, 1.2])),
+              order_design=trials.order_design(["sequential", "naive", "crossover",
+                                                   "crossover_turn"], 3))
     assert "positions are NOT balanced: 3 trials is not a multiple" in report.markdown(result)
-    result["order_design"] = trials.order_design(["sequential", "naive", "crossover"], 3)
+    result = dataclasses.replace(
+        result, order_design=trials.order_design(["sequential", "naive", "crossover"], 3))
     assert "which scenario runs just before which is not balanced (needs a multiple of 6" \
         in report.markdown(result)
 
@@ -172,21 +178,21 @@ def _scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
 def _trial_results(speedups: list[float]) -> list[dict]:
     results = []
     for trial, speedup in enumerate(speedups):
-        summary = compare.summarise(_scenario_stats(0.1, 0.1, speedup), 1, {"trial": trial})
-        compare._attach_planner_validation(summary)
+        summary = summary_lib.summarise(_scenario_stats(0.1, 0.1, speedup), 1, {"trial": trial})
+        summary = planning.with_planner(summary)
         results.append(summary)
     return results
 
 
 def test_combined_trials_report_median_and_spread_and_stay_valid_for_the_planner():
     combined = trials.combine(_trial_results([1.5, 1.8, 1.2]))
-    spread = combined["ratio_spread"]["crossover_over_sequential"]
-    assert spread["values"] == pytest.approx([1.5, 1.8, 1.2])
-    assert (spread["median"], spread["min"], spread["max"]) == pytest.approx((1.5, 1.2, 1.8))
-    assert combined["ratios"]["crossover_over_sequential"] == pytest.approx(1.5)
-    assert combined["ratios"]["crossover_over_naive"] == pytest.approx(1.5 / 1.2)
-    assert combined["trials"] == 3 and combined["representative_trial"] == 0
-    assert combined["scenarios"] is combined["per_trial"][0]["scenarios"]
+    spread = combined.ratio_spread["crossover_over_sequential"]
+    assert spread.values == pytest.approx([1.5, 1.8, 1.2])
+    assert (spread.median, spread.min, spread.max) == pytest.approx((1.5, 1.2, 1.8))
+    assert combined.ratios["crossover_over_sequential"] == pytest.approx(1.5)
+    assert combined.ratios["crossover_over_naive"] == pytest.approx(1.5 / 1.2)
+    assert combined.trials == 3 and combined.representative_trial == 0
+    assert combined.scenarios is combined.per_trial[0].scenarios
     # M/C from the solo profiles: 100 ms over 110 ms of device time.
     assert trials.comm_to_compute(combined) == pytest.approx(0.1 / 0.11)
     planner = planner_validate.validate_comparison(combined, sim_steps=30)
@@ -198,33 +204,34 @@ def test_even_trial_count_shows_the_lower_median_trial():
 
 
 def test_markdown_and_png_show_the_spread(tmp_path):
-    result = {**trials.combine(_trial_results([1.5, 1.8, 1.2])),
-              "regime": {"comm_to_compute_asked": 1.0, "bandwidth_source": "calibrated",
+    result = dataclasses.replace(trials.combine(_trial_results([1.5, 1.8, 1.2])),
+              regime=Regime(**{"comm_to_compute_asked": 1.0, "bandwidth_source": "calibrated",
                          "bandwidth_mbit": 62.5,
-                         "achieved_comm_to_compute": trials.spread([0.9, 0.95, 1.1])}}
+                         "achieved_comm_to_compute": trials.spread([0.9, 0.95, 1.1])}))
     table = report.markdown(result)
     assert "| crossover / sequential | 1.500 [1.200–1.800] |" in table
     assert "median [min–max] of 3 trials" in table
     assert "| M/C asked for | 1 |" in table
     assert "| M/C achieved (solo runs) | 0.950 [0.900–1.100] |" in table
     assert "| bandwidth (Mbit/s, calibrated) | 62.5 |" in table
-    unshaped = report.markdown({**result, "settings": {"cluster": {"emulated": False}}})
+    unshaped = report.markdown(
+        dataclasses.replace(result, settings={"cluster": {"emulated": False}}))
     assert "| bandwidth (Mbit/s, calibrated, NOT applied: localhost fallback) |" in unshaped
-    leased = {j: JobStats.from_dict(result["scenarios"]["crossover"]["jobs"][j]) for j in "AB"}
+    leased = {j: result.scenarios["crossover"].jobs[j] for j in "AB"}
     report.plot(result, leased, str(tmp_path / "compare.png"))
     assert (tmp_path / "compare.png").stat().st_size > 10_000
 
 
 def test_sweep_rows_pair_measured_spread_with_predictions(tmp_path):
-    result = {**trials.combine(_trial_results([1.5, 1.8, 1.2])),
-              "regime": {"comm_to_compute_asked": 1.0, "bandwidth_mbit": 62.5,
-                         "achieved_comm_to_compute": trials.spread([0.9, 0.95, 1.1])}}
+    result = dataclasses.replace(trials.combine(_trial_results([1.5, 1.8, 1.2])),
+              regime=Regime(**{"comm_to_compute_asked": 1.0, "bandwidth_mbit": 62.5,
+                         "achieved_comm_to_compute": trials.spread([0.9, 0.95, 1.1])}))
     point = sweep.row(result)
     measured = point["crossover_over_naive"]["measured"]
     assert (measured["median"], measured["min"], measured["max"]) == pytest.approx(
         (1.5 / 1.2, 1.2 / 1.2, 1.8 / 1.2))
-    predicted = [t["planner"]["aggregate_images_ratios"]["crossover/naive"]["analytical"]
-                 for t in result["per_trial"]]
+    predicted = [t.planner["aggregate_images_ratios"]["crossover/naive"]["analytical"]
+                 for t in result.per_trial]
     assert point["crossover_over_naive"]["analytical"] == pytest.approx(sorted(predicted)[1])
     table = sweep.markdown([point])
     # The spread, then the bootstrap interval: three trials of equal-length steps resample to
@@ -234,7 +241,7 @@ def test_sweep_rows_pair_measured_spread_with_predictions(tmp_path):
     assert point["crossover_over_naive"]["interval"]["low"] == pytest.approx(1.0)
     fixed_link = sweep.markdown([{**point, "comm_to_compute_asked": None}])
     assert "| — | 0.95 [0.90–1.10] | 62.5 |" in fixed_link
-    sweep.plot([point, {**point, "achieved_comm_to_compute": trials.spread([2.0])}],
+    sweep.plot([point, {**point, "achieved_comm_to_compute": trials.spread([2.0]).to_dict()}],
                str(tmp_path / "sweep.png"))
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
@@ -299,9 +306,9 @@ def fake_runs(monkeypatch):
         return LinkContention(shared_efficiency=0.85, compute_slowdown=1.05,
                               bandwidth_mbit=bandwidth)
 
-    from experiments import comm_cpu
-    monkeypatch.setattr(compare, "_cluster", lambda c, bandwidth: _FakeCluster(bandwidth))
-    monkeypatch.setattr(compare.scenarios, "run_scenario", run_scenario)
+    from experiments.probes import comm_cpu
+    monkeypatch.setattr(calibrate, "cluster", lambda c, bandwidth: _FakeCluster(bandwidth))
+    monkeypatch.setattr(scenarios, "run_scenario", run_scenario)
     monkeypatch.setattr(comm_cpu, "measure", measure)
     monkeypatch.setattr(comm_cpu, "measure_contention", measure_contention)
     return calls
@@ -344,7 +351,7 @@ def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, 
     assert trials.VERDICT_RULE in markdown
     assert "95% interval (call)" in markdown and saved["ratio_interval"]["crossover_over_naive"]
     assert (tmp_path / "compare.png").stat().st_size > 0
-    assert result["ratios"] == saved["ratios"]
+    assert result.ratios == saved["ratios"]
 
 
 def test_noisy_calibration_adds_a_slower_point(fake_runs, monkeypatch, tmp_path):
@@ -352,10 +359,10 @@ def test_noisy_calibration_adds_a_slower_point(fake_runs, monkeypatch, tmp_path)
     # give no usable slope; a third point at 25 Mbit/s (220 ms) does, and B* lies inside.
     monkeypatch.setitem(NOISY_COMM_S, 100.0, 0.13)
     result = compare.run(overrides={"comm_to_compute": 2.0, "out_dir": str(tmp_path)})
-    calibrated = result["regime"]["calibration"]
+    calibrated = result.regime.calibration
     assert [p["bandwidth_mbit"] for p in calibrated["points"]] == [100, 50, 25]
     assert calibrated["fit"]["per_mbit_s"] > 0
-    assert 25 < result["regime"]["bandwidth_mbit"] < 100
+    assert 25 < result.regime.bandwidth_mbit < 100
     assert fake_runs[5:] == ["t0_sequential", "t0_naive", "t0_crossover"]
 
 
@@ -378,7 +385,8 @@ def test_unreachable_ratio_fails_after_calibration_with_its_numbers(fake_runs, t
 
 
 def test_fixed_bandwidth_skips_calibration(fake_runs, tmp_path):
-    saved = compare.run(overrides={"bandwidth_mbit": 50.0, "out_dir": str(tmp_path)})
+    compare.run(overrides={"bandwidth_mbit": 50.0, "out_dir": str(tmp_path)})
+    saved = json.loads((tmp_path / "compare.json").read_text())
     assert fake_runs == ["comm_cpu@50mbit:4MB", "contention@50mbit:4MB", "t0_sequential",
                          "t0_naive", "t0_crossover"]
     assert saved["regime"]["bandwidth_source"] == "fixed"
@@ -420,7 +428,7 @@ def test_sweep_checks_every_ratio_before_comparing(fake_runs, tmp_path):
 def test_calibration_refuses_an_unshaped_cluster(monkeypatch, tmp_path):
     fallback = _FakeCluster(None)
     fallback.is_emulated, fallback.fallback_reason = False, "not root"
-    monkeypatch.setattr(compare, "_cluster", lambda c, bandwidth: fallback)
+    monkeypatch.setattr(calibrate, "cluster", lambda c, bandwidth: fallback)
     with pytest.raises(RuntimeError, match=r"fell back to localhost \(not root\)"):
         compare.run(overrides={"out_dir": str(tmp_path)})
 
@@ -432,12 +440,15 @@ def test_three_job_summary_reports_every_job_and_the_fifo_ideal(tmp_path):
     stats = {"sequential": {j: _stats(j, solo, 0.1, 0.2) for j in jobs},
              "naive": {j: _stats(j, 3 * solo / 1.3, 0.1, 0.2) for j in jobs},
              "crossover": {j: _stats(j, 3 * solo / 1.4, 0.1, 0.2) for j in jobs}}
-    summary = compare.summarise(stats, 1, {})
-    assert {f"solo_{j}" for j in jobs} <= set(summary["scenarios"])
-    assert summary["ratios"]["crossover_over_sequential"] == pytest.approx(1.4, rel=0.02)
-    assert summary["ratios"]["crossover_over_naive"] == pytest.approx(1.4 / 1.3, rel=0.02)
-    # FIFO bound: three links' worth of M (0.6 s) per round against 3 x 0.31 s solo.
-    assert summary["ratios"]["ideal_crossover_over_sequential"] == pytest.approx(0.93 / 0.6)
+    summary = summary_lib.summarise(stats, 1, {})
+    assert {f"solo_{j}" for j in jobs} <= set(summary.scenarios)
+    assert summary.ratios["crossover_over_sequential"] == pytest.approx(1.4, rel=0.02)
+    assert summary.ratios["crossover_over_naive"] == pytest.approx(1.4 / 1.3, rel=0.02)
+    # FIFO bound: three links' worth of M (0.6 s) per round against the sequential run's
+    # 3 x 0.3 s mean steps (the rate the measured ratios divide by; the phases' 0.31 s no longer
+    # stands in for the step).
+    assert summary.ratios["ideal_crossover_over_sequential"] == pytest.approx(0.9 / 0.6)
+    assert summary.ideal.bound_by == "link" and summary.ideal.round_s == pytest.approx(0.6)
     assert trials.comm_to_compute(summary) == pytest.approx(0.2 / 0.11)
     table = report.markdown(summary)
     assert "| scenario | job A images/s | job B images/s | job C images/s |" in table
@@ -461,7 +472,7 @@ def _leased(job: str, priority: str, holds_ms: list[tuple[float, float, float]],
 
 
 def test_priority_ratios_judge_the_primary_against_solo_and_its_wait_against_a_micro_batch():
-    from experiments import priority_metrics
+    from experiments.analysis import priority_metrics
     # The primary waits 3 ms for its compute hold, 1 ms for another; the secondary's four
     # micro-batches hold 5 ms each.
     primary = _leased("A", "primary", [(0, 3, 40), (60, 61, 70)], 0.1)
@@ -504,10 +515,10 @@ def test_priority_scenario_summary_and_report(tmp_path):
                             "B": _stats("B", 0.1, 0.05, 0.05)},
              "naive": {j: _stats(j, 0.15, 0.05, 0.05) for j in "AB"},
              "priority": {"A": primary, "B": secondary}}
-    summary = compare.summarise(stats, 1, {})
-    assert "crossover_over_naive" not in summary["ratios"]  # crossover did not run
-    assert summary["ratios"]["primary_over_solo"] == pytest.approx(
-        summary["scenarios"]["priority"]["per_job_in_aggregate"]["A"] / (32 / 0.095))
+    summary = summary_lib.summarise(stats, 1, {})
+    assert "crossover_over_naive" not in summary.ratios  # crossover did not run
+    assert summary.ratios["primary_over_solo"] == pytest.approx(
+        summary.scenarios["priority"].per_job_in_aggregate["A"] / (32 / 0.095))
     table = report.markdown(summary)
     assert "(primary)" in table and "(secondary)" in table
     assert "| priority: primary's worst wait (s) | 0.003 |" in table
@@ -519,9 +530,13 @@ def test_scenario_job_settings_mark_the_primary_and_split_the_secondary():
     assert scenarios.job_names(3) == ("A", "B", "C")
     with pytest.raises(ValueError, match="1..4 jobs"):
         scenarios.job_names(5)
-    assert scenarios.job_settings("crossover", "AB", 4) == {"A": {}, "B": {}}
+    two = {"group_jobs": 2}  # every job of a concurrent scenario declares the group's count
+    assert scenarios.job_settings("crossover", "AB", 4) == {"A": two, "B": two}
+    assert scenarios.job_settings("sequential", "AB", 4) == {"A": {"group_jobs": 1},
+                                                             "B": {"group_jobs": 1}}
     assert scenarios.job_settings("priority", "AB", 4) == {
-        "A": {"priority": "primary"}, "B": {"priority": "secondary", "micro_batches": 4}}
+        "A": {"priority": "primary", **two},
+        "B": {"priority": "secondary", "micro_batches": 4, **two}}
     c = compare.config_lib.resolve(compare.flags.FLAGS, compare.FLAG_NAMES,
                                    {"out_dir": "x", "bandwidth_mbit": 10.0}, compare.validate,
                                    "compare")
@@ -562,6 +577,17 @@ def test_replan_rewrites_predictions_from_saved_comparisons(fake_runs, tmp_path)
         replan.replan(tmp_path / "nowhere")
 
 
+def _interval(low: float, high: float) -> Interval:
+    return Interval(low, high, 0.95, 3, 2000, "hand-made")
+
+
+def _hand_made(result: dict) -> Comparison:
+    """A hand-made comparison's JSON as the record (its intervals given by their ends)."""
+    found = {k: _interval(**i) for k, i in result.pop("ratio_interval").items()}
+    return dataclasses.replace(Comparison.from_dict({"scenarios": {}, **result}),
+                               ratio_interval=found)
+
+
 def test_measured_verdict_follows_the_interval_not_a_silent_bar():
     """The issue's M/C 0.97 page: crossover / naive 1.046, crossing faster in every trial,
     yet "naive" won because 1.046 < 1.05, a bar the page never stated. Now the interval
@@ -574,6 +600,7 @@ def test_measured_verdict_follows_the_interval_not_a_silent_bar():
                          "crossover_over_naive": 1.046}, "per_trial": per_trial,
               "ratio_interval": {"naive_over_sequential": {"low": 1.40, "high": 1.55},
                                  "crossover_over_naive": {"low": 1.012, "high": 1.081}}}
+    result = _hand_made(result)
     chosen = trials.verdict(result)
     assert chosen["predicted"] == "naive" and chosen["measured_winner"] == "cross"
     assert chosen["trial_winners"] == {"cross": 2, "naive": 1}
@@ -582,10 +609,10 @@ def test_measured_verdict_follows_the_interval_not_a_silent_bar():
         "naive", "cross (naive / sequential 1.509 [95% 1.400–1.550]: win; crossover / naive "
                  "1.046 [95% 1.012–1.081]: win; faster per trial: cross 2, naive 1)")
     for low, high, call in ((0.99, 1.07, "tie"), (1.003, 1.009, "too close to call")):
-        result["ratio_interval"]["crossover_over_naive"] = {"low": low, "high": high}
+        result.ratio_interval["crossover_over_naive"] = _interval(low, high)
         chosen = trials.verdict(result)
         assert chosen["measured_winner"] == "naive" and chosen["steps"][-1]["call"] == call
-    del result["ratio_interval"]  # no interval: the median stands in (1.046 >= 1.01)
+    result = dataclasses.replace(result, ratio_interval={})  # no interval: the median stands in
     chosen = trials.verdict(result)
     assert chosen["measured_winner"] == "cross" and not chosen["steps"][-1]["interval"]
     assert "crossover / naive 1.046 [no interval]: win" in trials.verdict_cells(chosen)[1]
@@ -597,7 +624,7 @@ def test_interval_calls():
     assert intervals.call(0.99, 1.07) == "tie"
     assert intervals.call(1.003, 1.07) == "too close to call"
     assert intervals.call(0.90, 0.98) == "loss"
-    assert intervals.describe({"low": 0.99, "high": 1.07}) == "0.990–1.070 (tie)"
+    assert intervals.describe(_interval(0.99, 1.07)) == "0.990–1.070 (tie)"
     assert intervals.describe(None) == "—"
 
 
@@ -606,7 +633,7 @@ def test_link_sharing_counts_only_the_allreduces_both_jobs_overlapped():
     """Alone 0.4 s per allreduce; together 0.8 s each while both run (the link split evenly:
     combined throughput 1.0). Job a's last allreduces, after b finished, run alone at 0.4 s
     and must not count."""
-    from experiments import comm_cpu
+    from experiments.probes import comm_cpu
     solo = {"megabytes": 1.0, "wall_s_per_allreduce": 0.4}
     a_ends = [100.0 + 0.8 * k for k in range(1, 21)] + [116.0 + 0.4 * k for k in range(1, 6)]
     b_ends = [100.5 + 0.8 * k for k in range(1, 20)]
@@ -634,9 +661,9 @@ def test_crossover_env_runs_interleaved_and_reports_its_ratio(fake_runs, tmp_pat
     # Rows 0 and 1 of the 4-scenario Williams design (was: the list rotated by one).
     assert fake_runs == ["t0_sequential", "t0_naive", "t0_crossover", "t0_crossover_env",
                          "t1_naive", "t1_crossover_env", "t1_sequential", "t1_crossover"]
-    assert result["ratios"]["crossover_env_over_crossover"] == pytest.approx(1.05)
-    assert "naive_env_over_naive" not in result["ratios"]
-    assert result["settings"]["scenario_env"] == ["HOROVOD_CYCLE_TIME=5"]
+    assert result.ratios["crossover_env_over_crossover"] == pytest.approx(1.05)
+    assert "naive_env_over_naive" not in result.ratios
+    assert result.settings["scenario_env"] == ["HOROVOD_CYCLE_TIME=5"]
     markdown = (tmp_path / "compare.md").read_text()
     assert "| crossover with --scenario_env / crossover | 1.050 [1.050–1.050] |" in markdown
     assert "| crossover_env |" in markdown
@@ -651,7 +678,7 @@ def test_naive_and_crossover_both_with_the_setting(fake_runs, tmp_path):
         "comm_cpu_probe": False, "out_dir": str(tmp_path)})
     assert fake_runs == ["t0_sequential", "t0_naive", "t0_naive_env", "t0_crossover",
                          "t0_crossover_env"]
-    ratios = result["ratios"]
+    ratios = result.ratios
     assert ratios["naive_env_over_naive"] == pytest.approx(1.1)
     assert ratios["crossover_env_over_naive_env"] == pytest.approx(
         ratios["crossover_over_naive"] * 1.05 / 1.1)
@@ -667,7 +694,7 @@ def test_crossover_turn_runs_interleaved_and_is_attributed(fake_runs, tmp_path):
         "scenarios": ["sequential", "naive", "crossover", "crossover_turn"], "trials": 1,
         "bandwidth_mbit": 50.0, "comm_cpu_probe": False, "out_dir": str(tmp_path)})
     assert fake_runs == ["t0_sequential", "t0_naive", "t0_crossover", "t0_crossover_turn"]
-    ratios = result["ratios"]
+    ratios = result.ratios
     assert ratios["crossover_turn_over_crossover"] == pytest.approx(1.15)
     assert ratios["crossover_turn_over_naive"] == pytest.approx(
         ratios["crossover_over_naive"] * 1.15)
@@ -681,9 +708,10 @@ def test_crossover_turn_runs_interleaved_and_is_attributed(fake_runs, tmp_path):
 
 def test_crossover_turn_jobs_take_positions_in_order():
     assert scenarios.job_settings("crossover_turn", "ABC", 1) == {
-        "A": {"link_turn": 0, "link_turn_jobs": 3}, "B": {"link_turn": 1, "link_turn_jobs": 3},
-        "C": {"link_turn": 2, "link_turn_jobs": 3}}
-    assert scenarios.job_settings("crossover", "AB", 1) == {"A": {}, "B": {}}
+        "A": {"link_turn": 0, "group_jobs": 3}, "B": {"link_turn": 1, "group_jobs": 3},
+        "C": {"link_turn": 2, "group_jobs": 3}}
+    assert scenarios.job_settings("crossover", "AB", 1) == {"A": {"group_jobs": 2},
+                                                            "B": {"group_jobs": 2}}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -717,10 +745,11 @@ def test_scenario_env_reaches_every_rank_of_the_env_scenarios_only(monkeypatch, 
     settings = type("Settings", (), {
         "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 8, "steps": 12,
         "warmup_steps": 2, "learning_rate": 0.01, "jit_compile": False, "num_hosts": 2,
-        "timeout_s": 10.0, "scenario_env": ["HOROVOD_CYCLE_TIME=5", "X_Y=a=b"]})()
+        "timeout_s": 10.0, "scenario_env": ["HOROVOD_CYCLE_TIME=5", "X_Y=a=b"],
+        "secondary_micro_batches": 1, "horovod_timelines": False})()
     for name in ("naive", "naive_env", "crossover", "crossover_env"):
         with pytest.raises(Stop):
-            compare.scenarios.run_scenario(None, settings, name, tmp_path)
+            scenarios.run_scenario(None, settings, name, tmp_path)
     env = {"HOROVOD_CYCLE_TIME": "5", "X_Y": "a=b"}
     assert seen == {"naive": ("concurrent", {}, False), "naive_env": ("concurrent", env, False),
                     "crossover": ("concurrent", {}, True),

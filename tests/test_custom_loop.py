@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import horovodrun_command, run_alongside, run_bounded
-from crossover_tf import timeline
+from crossover_tf.profiling import phases as timeline
+from step_crossings import overlap_steps
 
 WORKER = str(pathlib.Path(__file__).with_name("custom_loop_worker.py"))
 STEPS = 20
@@ -35,7 +36,8 @@ def _holds(events: list) -> np.ndarray:
 def test_crossed_custom_loop_trains_like_plain_horovod_and_never_holds_at_once(
         tmp_path, lease_group, child_env):
     barrier = tmp_path / "barrier"
-    crossed = ["--group", lease_group, "--steps", str(STEPS), "--barrier", f"{barrier}:4"]
+    crossed = ["--group", lease_group, "--jobs", "2", "--steps", str(STEPS), "--barrier",
+               f"{barrier}:4"]
     for result in run_alongside(
             horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
                                *crossed),
@@ -68,8 +70,8 @@ def test_crossed_custom_loop_trains_like_plain_horovod_and_never_holds_at_once(
                         *map(tuple, _holds(b[rank]["timeline"]))])
         overlapping = [(x, y) for x, y in zip(holds, holds[1:]) if x[1] > y[0]]
         assert not overlapping, f"rank {rank}: holds at once {overlapping[:3]}"
-    crossings = sum(timeline.overlap_steps(timeline.step_phases(a[r]["timeline"]),
-                                           timeline.step_phases(b[r]["timeline"]))
+    crossings = sum(overlap_steps(timeline.step_phases(a[r]["timeline"]),
+                                  timeline.step_phases(b[r]["timeline"]))
                     for r in range(2))
     print(f"A's computes during B's allreduce: {crossings} of {2 * STEPS}")
 

@@ -1,19 +1,24 @@
 """Device selection, memory policy and physical lease keys (crossover_tf.devices).
 
-GPUs cannot be run here, so the decisions are tested on fake device descriptions, and the
+GPUs cannot be run here, so the decisions are tested on fake device descriptions (the CUDA
+driver's entry points over fake GPUs and MIG slices, through the real ctypes calls), and the
 placement logic on a CPU split into logical devices, with real TensorFlow and Horovod.
 """
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import json
 import pathlib
 import sys
+import uuid
 from typing import Any
 
 import pytest
 
 from conftest import horovodrun_command, run_bounded
 from crossover_tf import devices
+from crossover_tf.lease import segments
 
 WORKER = str(pathlib.Path(__file__).with_name("device_worker.py"))
 
@@ -111,33 +116,143 @@ def test_key_from_bad_pci_bus_id_rejected(bad: str) -> None:
         devices.key_from_pci_bus_id(bad)
 
 
-class FakeIdentity:
-    """CUDA ordinals as one process numbers them -> PCI bus ids."""
-
-    def __init__(self, bus_ids: list[str]):
-        self.bus_ids = bus_ids
-
-    def pci_bus_id(self, ordinal: int) -> str | None:
-        return self.bus_ids[ordinal] if ordinal < len(self.bus_ids) else None
+@dataclasses.dataclass(frozen=True)
+class PhysicalDevice:
+    """A device as the driver knows it; a MIG slice has its GPU's bus id and its own UUID."""
+    bus_id: str
+    uuid: str
+    parent_uuid: str | None = None  # the GPU's UUID, for a MIG slice
 
 
-def test_jobs_numbering_gpus_differently_pair_on_the_physical_gpu() -> None:
-    cards = ["0000:3b:00.0", "0000:5e:00.0"]
-    job_a = FakeIdentity(cards)                  # CUDA_VISIBLE_DEVICES=0,1
-    job_b = FakeIdentity(list(reversed(cards)))  # CUDA_VISIBLE_DEVICES=1,0
-    key_a = devices.device_key(0, 0, job_a, env={})
-    key_b = devices.device_key(0, 1, job_b, env={})  # B's ordinal 1 is the same card
+GPU_A = PhysicalDevice("0000:3b:00.0", "GPU-41255406-c9af-f94b-4ebf-9d57ad1853da")
+GPU_B = "GPU-20bed2f5-819b-69ad-8d42-d3e1446080c1"
+SLICE_1 = PhysicalDevice("0000:5e:00.0", "MIG-a65afc88-50b5-5ccf-b0a8-f93b3247ae9e", GPU_B)
+SLICE_2 = PhysicalDevice("0000:5e:00.0", "MIG-90443af0-2fe6-57fb-86fe-54186d5a6581", GPU_B)
+
+
+def uuid_bytes(text: str) -> bytes:
+    return uuid.UUID(text[4:]).bytes
+
+
+class FakeLibcuda:
+    """The driver entry points CudaDriver calls, over the devices one job sees, in its
+    CUDA_VISIBLE_DEVICES order; entry points can be missing or fail."""
+
+    def __init__(self, visible: list[PhysicalDevice], missing: tuple[str, ...] = (),
+                 failing: tuple[str, ...] = ()):
+        self.visible = visible
+        entry_points = {"cuInit": lambda flags: 0, "cuDeviceGet": self.device_get,
+                        "cuDeviceGetUuid_v2": self.uuid_v2, "cuDeviceGetUuid": self.uuid_legacy,
+                        "cuDeviceGetPCIBusId": self.pci_bus_id}
+        for name, function in entry_points.items():
+            if name not in missing:
+                setattr(self, name, (lambda *args: 999) if name in failing else function)
+
+    def device_get(self, device: Any, ordinal: int) -> int:
+        if ordinal >= len(self.visible):
+            return 101  # CUDA_ERROR_INVALID_DEVICE
+        device._obj.value = ordinal
+        return 0
+
+    def uuid_v2(self, buf: Any, device: int) -> int:
+        ctypes.memmove(buf, uuid_bytes(self.visible[device].uuid), 16)
+        return 0
+
+    def uuid_legacy(self, buf: Any, device: int) -> int:
+        physical = self.visible[device]
+        ctypes.memmove(buf, uuid_bytes(physical.parent_uuid or physical.uuid), 16)
+        return 0
+
+    def pci_bus_id(self, buf: Any, length: int, device: int) -> int:
+        buf.value = self.visible[device].bus_id.encode()
+        return 0
+
+
+def driver(visible: list[PhysicalDevice], **fake: Any) -> devices.CudaDriver:
+    return devices.CudaDriver(load=lambda library: FakeLibcuda(visible, **fake))
+
+
+def test_two_mig_slices_of_one_gpu_get_their_own_keys() -> None:
+    job = driver([SLICE_1, SLICE_2])
+    keys = [devices.device_key(0, ordinal, job, env={}) for ordinal in (0, 1)]
+    assert keys == ["mig-a65afc8850b55ccfb0a8f93b3247", "mig-90443af02fe657fb86fe54186d5a"]
+    assert job.pci_bus_id(0) == job.pci_bus_id(1)  # what keyed them alike before
+
+
+def test_a_full_gpu_keys_by_its_uuid() -> None:
+    key = devices.device_key(0, 0, driver([GPU_A]), env={})
+    assert key == "gpu-41255406c9aff94b4ebf9d57ad18"
+    assert GPU_A.uuid.replace("-", "").lower().startswith(key.replace("-", ""))  # nvidia-smi -L
+    assert driver([GPU_A]).uuid(0).names() == (GPU_A.uuid,)
+    assert driver([SLICE_1]).uuid(0).names() == (SLICE_1.uuid,)
+
+
+@pytest.mark.parametrize("order", [[GPU_A, SLICE_1, SLICE_2], [SLICE_2, GPU_A, SLICE_1],
+                                   [SLICE_1, SLICE_2, GPU_A]])
+def test_a_device_keeps_its_key_whatever_the_visible_order(order: list[PhysicalDevice]) -> None:
+    job = driver(order)
+    keys = {device.uuid: devices.device_key(0, ordinal, job, env={})
+            for ordinal, device in enumerate(order)}
+    reference = driver([GPU_A, SLICE_1, SLICE_2])
+    assert keys == {device.uuid: devices.device_key(0, ordinal, reference, env={})
+                    for ordinal, device in enumerate([GPU_A, SLICE_1, SLICE_2])}
+    assert len(set(keys.values())) == 3
+
+
+def test_jobs_numbering_gpus_differently_pair_on_the_physical_gpu_by_pci_bus_id() -> None:
+    cards = [PhysicalDevice("0000:3b:00.0", GPU_A.uuid), PhysicalDevice("0000:5e:00.0", GPU_B)]
+    old = ("cuDeviceGetUuid_v2",)  # a driver before CUDA 11.4
+    key_a = devices.device_key(0, 0, driver(cards, missing=old), env={})
+    key_b = devices.device_key(0, 1, driver(cards[::-1], missing=old), env={})
     assert key_a == key_b == "pci-0000-3b-00-0"
-    assert devices.device_key(0, 0, job_b, env={}) != key_a
+
+
+def test_driver_without_the_uuid_entry_point_falls_back_to_the_pci_key(
+        caplog: pytest.LogCaptureFixture) -> None:
+    key = devices.device_key(0, 0, driver([SLICE_1], missing=("cuDeviceGetUuid_v2",)), env={})
+    assert key == "pci-0000-5e-00-0"
+    assert "has no cuDeviceGetUuid_v2" in caplog.text and "MIG slices" in caplog.text
+
+
+def test_uuid_errors_fall_back_with_the_reason_logged(caplog: pytest.LogCaptureFixture) -> None:
+    key = devices.device_key(0, 0, driver([GPU_A], failing=("cuDeviceGetUuid_v2",)), env={})
+    assert key == "pci-0000-3b-00-0"
+    assert "cuDeviceGetUuid_v2 returned CUDA error 999" in caplog.text
+    caplog.clear()
+    everything = ("cuDeviceGetUuid_v2", "cuDeviceGetPCIBusId")
+    assert devices.device_key(3, 0, driver([GPU_A], failing=everything), env={}) == "gpu3"
+    assert "cuDeviceGetPCIBusId returned CUDA error 999" in caplog.text
+    assert devices.device_key(3, 7, driver([GPU_A]), env={}) == "gpu3"  # no such ordinal
+
+
+def test_all_zero_uuid_is_no_identity() -> None:
+    blank = PhysicalDevice("0000:3b:00.0", "GPU-00000000-0000-0000-0000-000000000000")
+    assert devices.device_key(0, 0, driver([blank]), env={}) == "pci-0000-3b-00-0"
+    assert devices.read_device_uuid(driver([blank]), 0) is None
+
+
+def test_without_the_legacy_entry_point_a_uuid_keys_but_mig_is_not_told() -> None:
+    job = driver([SLICE_1, SLICE_2], missing=("cuDeviceGetUuid",))
+    keys = [devices.device_key(0, ordinal, job, env={}) for ordinal in (0, 1)]
+    assert keys == ["dev-a65afc8850b55ccfb0a8f93b3247", "dev-90443af02fe657fb86fe54186d5a"]
+    assert job.uuid(0).names() == ("GPU-" + SLICE_1.uuid[4:], SLICE_1.uuid)
+
+
+def test_uuid_keys_fit_the_lease_key_rule() -> None:
+    for mig in (True, False, None):
+        key = devices.key_from_uuid(devices.DeviceUuid(b"\xff" * 16, mig))
+        assert len(key) == segments.DEVICE_KEY_MAX_LEN
+        assert segments.validate_name("device key", key, segments.DEVICE_KEY_MAX_LEN) == key
+    with pytest.raises(ValueError, match="not a device UUID"):
+        devices.DeviceUuid(b"\x01" * 15, False)
 
 
 def test_device_key_override_and_fallbacks() -> None:
     env = {devices.DEVICE_KEY_ENV: "host1"}
-    assert devices.device_key(3, 0, FakeIdentity(["0000:3b:00.0"]), env=env) == "host1"
+    assert devices.device_key(3, 0, driver([SLICE_1]), env=env) == "host1"
     with pytest.raises(ValueError, match="device key"):
         devices.device_key(0, 0, None, env={devices.DEVICE_KEY_ENV: "a/b"})
     assert devices.device_key(2, None, None, env={}) == "cpu2"
-    assert devices.device_key(2, 5, FakeIdentity([]), env={}) == "gpu2"
     assert devices.device_key(2, 5, None, env={}) == "gpu2"
 
 
@@ -150,11 +265,16 @@ def test_local_device_name() -> None:
     assert devices.local_device_name([], [], 0) == "/CPU:0"
 
 
-def test_cuda_driver_absent_gives_no_bus_id() -> None:
-    assert devices.CudaDriver("libcuda-not-here.so.0").pci_bus_id(0) is None
+def test_cuda_driver_absent_is_a_reason_not_a_crash() -> None:
+    absent = devices.CudaDriver("libcuda-not-here.so.0")
+    with pytest.raises(devices.GpuIdentityError, match="not loadable"):
+        absent.pci_bus_id(0)
+    assert devices.read_device_uuid(absent, 0) is None
+    assert devices.device_key(1, 0, absent, env={}) == "gpu1"
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_ranks_place_their_ops_on_their_own_logical_device(tmp_path: pathlib.Path,
                                                                child_env: dict[str, str]) -> None:
     child_env.pop(devices.DEVICE_KEY_ENV, None)
@@ -230,6 +350,7 @@ for device in (None, "/CPU:0"):
 """
 
 
+@pytest.mark.slow
 def test_allreduce_gradients_runs_where_it_is_placed(child_env: dict[str, str]) -> None:
     result = run_bounded([sys.executable, "-c", PLACEMENT_PROBE], child_env, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]

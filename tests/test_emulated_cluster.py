@@ -30,9 +30,10 @@ NETNS_OK, NETNS_REASON = shell.netns_usable()
 
 
 def netns_test(test):
-    """Marks a test `netns` and skips it, with the reason, where namespaces cannot be made."""
+    """Marks a test `netns` and `slow` (it builds namespaces), and skips it, with the reason,
+    where namespaces cannot be made."""
     skip = pytest.mark.skipif(not NETNS_OK, reason=f"needs root and ip netns: {NETNS_REASON}")
-    return pytest.mark.netns(skip(test))
+    return pytest.mark.slow(pytest.mark.netns(skip(test)))
 
 
 # One Horovod rank: exits 3 at once if it is $FAIL_RANK, else allreduces rank+1 over the world.
@@ -273,6 +274,7 @@ def test_cleanup_stale_removes_leftovers_of_killed_launcher():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_localhost_fallback_runs_pair_and_warns(rank_script, tmp_path, capsys):
     result = launch_pair.run(overrides={
         "job_a": f"python {rank_script}", "job_b": f"python {rank_script}", "mode": "concurrent",

@@ -40,6 +40,7 @@ def _aggregate(session: dict) -> float:
     return sum(session["steps_per_s"])
 
 
+@pytest.mark.slow
 def test_json_structure(probe: dict) -> None:
     assert probe["probe"] == "gpu_probe" and probe["schema"] == 1
     assert probe["stand_in"] is True and "NOT GPU numbers" in probe["note"]
@@ -59,6 +60,7 @@ def test_json_structure(probe: dict) -> None:
         assert point["ratios"]["mps_vs_solo"] is None  # mps did not run
 
 
+@pytest.mark.slow
 def test_phase_timing(probe: dict) -> None:
     """A step is one compute and one communication phase: it cannot be shorter than M, and the
     stand-in's compute phase is the calibrated one. The bounds on times are loose on purpose:
@@ -73,6 +75,7 @@ def test_phase_timing(probe: dict) -> None:
                 assert session["compute_ms"][0] >= 0.3 * probe["calibration"]["compute_ms"]
 
 
+@pytest.mark.slow
 def test_crossover_holds_never_overlap(probe: dict) -> None:
     for point in probe["points"]:
         assert point["crossover_overlaps"] == 0
@@ -89,6 +92,7 @@ def test_crossover_holds_never_overlap(probe: dict) -> None:
         assert point["handoff_us"]["n"] > 0 and point["handoff_us"]["min"] >= 0
 
 
+@pytest.mark.slow
 def test_ratios_are_median_min_max_over_trials(probe: dict) -> None:
     for point in probe["points"]:
         by = {(s["trial"], s["mode"]): s for s in point["sessions"]}
@@ -104,6 +108,7 @@ def test_ratios_are_median_min_max_over_trials(probe: dict) -> None:
             assert summary["n"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arg", ["--procs=9", "--modes=solo,bogus", "--comm=nic", "--x=1"])
 def test_bad_arguments_are_refused(probe: dict, arg: str) -> None:
     proc = subprocess.run([str(PROBE), arg], capture_output=True, text=True, timeout=30)

@@ -23,7 +23,7 @@ WORKER = str(pathlib.Path(__file__).with_name("keras_worker.py"))
 TIMEOUT_S = 150
 EVAL_HOLD_MAX_S = 0.25
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # two-rank Horovod jobs each
 
 
 def _worker(scenario: str, out: pathlib.Path, *extra: str) -> list[str]:
@@ -130,13 +130,12 @@ def test_xla_compiles_before_the_first_acquire(tmp_path, lease_group, child_env)
             "compiled under the lease")
 
 
-@pytest.mark.slow
 def test_user_script_crossed_behaves_as_plain_horovod(tmp_path, lease_group, child_env):
     """Jobs a and b cross (two ranks each); the plain Horovod job runs the same script alone."""
     barrier = tmp_path / "barrier"
     jobs = {}
     for job, group in (("a", lease_group), ("b", lease_group), ("plain", "")):
-        extra = ["--group", group, "--barrier", f"{barrier}:4"] if group else []
+        extra = ["--group", group, "--jobs", "2", "--barrier", f"{barrier}:4"] if group else []
         cmd = horovodrun_command(2, *_worker("user_script", tmp_path / f"{job}_RANK.json",
                                              "--ckpt", str(tmp_path / f"{job}.keras"), *extra))
         jobs[job] = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,

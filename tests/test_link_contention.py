@@ -10,7 +10,10 @@ import pytest
 from crossover_tf_planner import analytical
 from crossover_tf_planner.comm_cost import LinkContention, busy_s, fit_contention
 from crossover_tf_planner.profile import JobProfile
-from experiments import comm_cpu, sweep, trials
+from crossover_tf_planner.comparison import Comparison
+from experiments.analysis import sweep
+from experiments.comparison import trials
+from experiments.probes import comm_cpu
 
 
 def pair(compute_s: float, comm_s: float) -> tuple[JobProfile, JobProfile]:
@@ -125,14 +128,15 @@ def test_the_measured_winner_counts_crossing_with_link_turns():
     per_trial = [_trial(1.5, 1.5, 1.7), _trial(1.5, 1.55, 1.6), _trial(1.5, 1.45, 1.55)]
     result = {"ratios": {k: sorted(t["ratios"][k] for t in per_trial)[1]
                          for k in per_trial[0]["ratios"]}, "per_trial": per_trial}
-    verdict = trials.verdict(result)
+    verdict = trials.verdict(Comparison.from_dict({"scenarios": {}, **result}))
     # Crossing with link turns was the faster policy in every trial (1.7, 1.6, 1.55 against
     # naive's 1.5): it counts as crossing, in the verdict and in each trial's count.
     assert (verdict["predicted"], verdict["measured_winner"]) == ("cross", "cross")
     assert verdict["trial_winners"] == {"cross": 3}
     plain = [_trial(1.5, 1.5, None), _trial(1.5, 1.55, None)]
     result = {"ratios": plain[0]["ratios"], "per_trial": plain}
-    assert trials.verdict(result)["measured_winner"] == "naive"
+    assert trials.verdict(Comparison.from_dict({"scenarios": {}, **result}))["measured_winner"] \
+        == "naive"
 
 
 def test_the_sweep_table_shows_crossing_with_turns_where_it_ran():

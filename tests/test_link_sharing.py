@@ -1,5 +1,5 @@
-"""plan.py --mode=link_sharing and --mode=contention on a real emulated cluster, in a module of
-its own so that their timed probes do not share the machine's cores with
+"""experiments.probes --mode=link_sharing and --mode=contention on a real emulated cluster,
+in a module of its own so that their timed probes do not share the machine's cores with
 test_emulated_cluster.py's job tests."""
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import signal
 import pytest
 from absl import flags
 
-from experiments import plan
+from experiments.probes import measure as plan
 from experiments.cluster import shell
 
 NETNS_OK, NETNS_REASON = shell.netns_usable()
+pytestmark = pytest.mark.slow  # probe runs of Horovod jobs on an emulated cluster
 TEST_TIMEOUT_S = 150  # two or three probe runs of a few seconds each, plus start-up
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import horovodrun_command, run_alongside, run_bounded
-from crossover_tf import timeline
+from crossover_tf.profiling import phases as timeline
 from test_strategy import WORKER, _check, _load, assert_trains_like_reference
 
 STEPS, EPOCHS = 20, 2
@@ -88,6 +88,7 @@ def test_join_lines_the_ranks_up_first_and_leaves_if_they_cannot_agree(lease_gro
         turn.wait([tf.constant(1.0)])
 
 
+@pytest.mark.slow
 def test_a_second_job_at_the_same_position_is_refused(lease_group, child_env):
     """Two jobs claiming one position would silently share a slot in the order: an error."""
     turn = _turn(lease_group, position=1)
@@ -102,12 +103,14 @@ def test_a_second_job_at_the_same_position_is_refused(lease_group, child_env):
 
 def test_strategy_checks_link_turn_settings():
     import crossover_tf
-    with pytest.raises(ValueError, match="needs a group"):
-        crossover_tf.CrossoverStrategy(group="", link_turn=0)
+    from crossover_tf import LeaseOptions, LinkTurnOptions
+    with pytest.raises(ValueError, match="need a group"):
+        crossover_tf.CrossoverStrategy("", link_turn=LinkTurnOptions(position=0))
     with pytest.raises(ValueError, match="position in"):
-        crossover_tf.CrossoverStrategy(group="g", link_turn=2, link_turn_jobs=2)
+        crossover_tf.CrossoverStrategy("g", lease=LeaseOptions(jobs=2),
+                                       link_turn=LinkTurnOptions(position=2))
     with pytest.raises(ValueError, match="timeout"):
-        crossover_tf.CrossoverStrategy(group="g", link_turn=0, link_turn_wait_s=0)
+        LinkTurnOptions(position=0, wait_s=0)
 
 
 @pytest.mark.parametrize("priority", ["primary", "secondary"])
@@ -116,7 +119,8 @@ def test_priority_with_link_turn_is_refused(priority):
     k-1: priority and link turns contradict each other, and the strategy says so."""
     import crossover_tf
     with pytest.raises(ValueError, match="priority.*link_turn|link_turn.*priority"):
-        crossover_tf.CrossoverStrategy(group="g", link_turn=0, priority=priority)
+        crossover_tf.CrossoverStrategy("g", lease=crossover_tf.LeaseOptions(priority=priority),
+                                       link_turn=crossover_tf.LinkTurnOptions(position=0))
 
 
 def _intervals(result: dict) -> np.ndarray:
@@ -135,7 +139,7 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     args = ["--steps", str(STEPS), "--epochs", str(EPOCHS), "--barrier", f"{barrier}:4",
-            "--group", lease_group, "--fit_only"]
+            "--group", lease_group, "--jobs", "2", "--fit_only"]
     for result in run_alongside(
             horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
                                "--link_turn", "0", *args),

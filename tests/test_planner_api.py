@@ -96,3 +96,18 @@ def test_entry_point_is_declared_and_resolves():
     module, function = target.split(":")
     assert module.startswith("crossover_tf_planner.")
     assert getattr(importlib.import_module(module), function) is cli.main
+
+
+def test_jobs_of_very_different_steps_are_predicted_or_refused_in_one_line(tmp_path, capsys):
+    """A profiled user job of 0.1 ms steps against a 0.2 s one once ended in a traceback
+    ("fluid model saw too few steps per job"): the slower job must complete steps too."""
+    fast = planner.JobProfile(name="fast", compute_s=1e-4, comm_s=1e-4)
+    slow = planner.JobProfile(name="slow", compute_s=0.1, comm_s=0.1)
+    assert planner.recommend(fast, slow).recommendation in RECOMMENDATIONS
+    tiny = planner.JobProfile(name="tiny", compute_s=1e-6, comm_s=1e-6)
+    paths = [str(tmp_path / f"{p.name}.json") for p in (tiny, slow)]
+    for profile, path in zip((tiny, slow), paths):
+        profile.to_json(path)
+    assert cli.run(["recommend", *paths]) == cli.EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "times the other's" in error

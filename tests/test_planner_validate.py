@@ -5,6 +5,7 @@ import json
 import pytest
 
 from crossover_tf_planner import validate
+from crossover_tf_planner.comparison import Comparison
 from crossover_tf_planner.job_stats import JobStats
 
 
@@ -122,7 +123,7 @@ def test_measured_winner_is_the_aggregate_rule_the_tables_show():
     naive 0.6 each. In solo-job equivalents crossover gains 4% (naive by the 5% rule), in
     aggregate images/s 10% (cross). Every report names one winner: the aggregate one, which
     compare.md's and sweep.md's crossover/naive shows."""
-    from experiments import trials
+    from experiments.comparison import trials
     data = comparison({})
     solo = {k: data["scenarios"][f"solo_{k}"]["jobs"][k] for k in "AB"}
 
@@ -141,7 +142,8 @@ def test_measured_winner_is_the_aggregate_rule_the_tables_show():
     ratios = {"naive_over_sequential": agg["naive"] / seq,
               "crossover_over_sequential": agg["crossover"] / seq,
               "crossover_over_naive": agg["crossover"] / agg["naive"]}
-    assert trials.verdict({"ratios": ratios, "planner": report})["measured_winner"] == "cross"
+    record = Comparison.from_dict({"scenarios": {}, "ratios": ratios, "planner": report})
+    assert trials.verdict(record)["measured_winner"] == "cross"
     del data["scenarios"]["sequential"]  # nothing to measure a winner against
     report = validate.validate_comparison(data, sim_steps=30)
     assert report["recommendation"]["measured_winner"] is None

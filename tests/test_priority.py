@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import run_bounded
-from crossover_tf import timeline
+from crossover_tf.profiling import phases as timeline
 from crossover_tf.lease import TAG_APPLY, TAG_COMPUTE
 
 WORKER = str(pathlib.Path(__file__).with_name("priority_worker.py"))
@@ -25,6 +25,7 @@ def _run(tmp_path: pathlib.Path, name: str, env: dict[str, str], *args: str) -> 
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_micro_batched_secondary_equals_the_full_batch(tmp_path: pathlib.Path, lease_group: str,
                                                        child_env: dict[str, str]) -> None:
     full = _run(tmp_path, "full", child_env, "--steps", "15")
@@ -66,7 +67,8 @@ def _holds(timeline: list[list[int]]) -> np.ndarray:
 def test_primary_never_waits_for_new_secondary_work(tmp_path: pathlib.Path, lease_group: str,
                                                     child_env: dict[str, str]) -> None:
     barrier = f"{tmp_path / 'barrier'}:2"
-    common = ["--group", lease_group, "--steps", "150", "--width", "256", "--barrier", barrier]
+    common = ["--group", lease_group, "--jobs", "2", "--steps", "150", "--width", "256",
+              "--barrier", barrier]
     secondary = subprocess.Popen(
         [sys.executable, WORKER, str(tmp_path / "secondary.json"), *common, "--priority",
          "secondary", "--micro_batches", "4"], env=child_env, stdout=subprocess.PIPE,

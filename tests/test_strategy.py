@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import horovodrun_command, run_alongside, run_bounded
-from crossover_tf import timeline
+from crossover_tf.profiling import phases as timeline
+from step_crossings import overlap_steps
 
 WORKER = str(pathlib.Path(__file__).with_name("strategy_worker.py"))
 STEPS = 30
@@ -40,7 +41,8 @@ def assert_trains_like_reference(ranks: list[dict], reference: dict) -> None:
 def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group, child_env):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    crossed_args = ["--steps", str(STEPS), "--barrier", f"{barrier}:4"]   # 2 jobs x 2 ranks
+    crossed_args = ["--steps", str(STEPS), "--barrier", f"{barrier}:4",  # 2 jobs x 2 ranks
+                    "--jobs", "2"]
     common = ["--steps", str(STEPS)]
     for result in run_alongside(
             horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
@@ -73,8 +75,7 @@ def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group,
         a_steps = timeline.step_phases(crossed_a[rank]["timeline"])
         b_steps = timeline.step_phases(crossed_b[rank]["timeline"])
         assert len(a_steps) == len(b_steps) == STEPS
-        overlaps += timeline.overlap_steps(a_steps, b_steps) + timeline.overlap_steps(b_steps,
-                                                                                      a_steps)
+        overlaps += overlap_steps(a_steps, b_steps) + overlap_steps(b_steps, a_steps)
     print(f"steps computed during the peer's allreduce: {overlaps} of {4 * STEPS}")
     assert overlaps >= 3, f"only {overlaps} steps computed during the peer's allreduce"
 
@@ -89,6 +90,7 @@ def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group,
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_xla_compiles_compute_and_apply_but_not_collectives(tmp_path, lease_group, child_env):
     """XLA's own dump lists what it compiled: the compute and apply functions, never the outer
     step that holds Horovod's allreduce and the lease ops. Also the no-peer path."""
@@ -107,6 +109,7 @@ def test_xla_compiles_compute_and_apply_but_not_collectives(tmp_path, lease_grou
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_model_xla_cannot_compile_fails_clearly(tmp_path, lease_group, child_env):
     result = run_bounded([sys.executable, WORKER, str(tmp_path / "bad_RANK.json"), "--group",
                           lease_group, "--steps", "3", "--bad_xla"], child_env, timeout=180)
@@ -115,6 +118,7 @@ def test_model_xla_cannot_compile_fails_clearly(tmp_path, lease_group, child_env
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_mismatched_groups_between_ranks_fail_clearly(tmp_path, lease_group, child_env):
     result = run_bounded(horovodrun_command(
         2, sys.executable, WORKER, str(tmp_path / "m_RANK.json"), "--group", lease_group,
@@ -129,7 +133,8 @@ def test_uninitialised_horovod_is_a_clear_error():
     if hvd.is_initialized():
         hvd.shutdown()
     with pytest.raises(RuntimeError, match="Horovod is not initialised"):
-        crossover_tf.CrossoverStrategy(group="g", init_horovod=False)
+        crossover_tf.CrossoverStrategy(
+            "g", communication=crossover_tf.CommunicationOptions(init_horovod=False))
 
 
 def test_single_process_surface():
@@ -159,7 +164,7 @@ def test_step_statistics_marks_the_job_and_its_priority_in_tensorboard(tmp_path)
 
     import tensorflow as tf
 
-    from crossover_tf.callbacks import StepStatistics
+    from experiments.step_statistics import StepStatistics
     strategy = types.SimpleNamespace(should_save_summary=True, lease_stats=lambda: {})
     stats = StepStatistics(strategy, 8, str(tmp_path),
                            description={"job": "B", "priority": "secondary"})

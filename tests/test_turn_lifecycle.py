@@ -17,6 +17,7 @@ import pytest
 from conftest import horovodrun_command, run_alongside, run_bounded
 
 WORKER = str(pathlib.Path(__file__).with_name("turn_worker.py"))
+pytestmark = pytest.mark.slow  # crossed Horovod jobs each
 
 
 def _lifecycle(tmp_path: pathlib.Path, group: str, env: dict[str, str], scenario: str) -> dict:
@@ -78,7 +79,6 @@ SKEW_S, JOINER_STEPS, MOST_IN_A_ROW = 3.0, 40, 4
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 def test_a_join_with_skewed_ranks_makes_the_running_job_wait_one_turn(tmp_path, lease_group,
                                                                       child_env):
     """Job B's rank 0 is SKEW_S slower than its rank 1 at its first epoch's end (as a rank-0
@@ -87,7 +87,7 @@ def test_a_join_with_skewed_ranks_makes_the_running_job_wait_one_turn(tmp_path, 
     never for a run of B's turns that A's SKEW_S of progress put before it."""
     barrier = tmp_path / "barrier"
     done = tmp_path / "b_done"
-    common = ["--group", lease_group, "--barrier", f"{barrier}:4"]
+    common = ["--group", lease_group, "--jobs", "2", "--barrier", f"{barrier}:4"]
     running = horovodrun_command(2, sys.executable, WORKER, "train", str(tmp_path / "a_RANK.json"),
                                  "--link_turn", "0", "--steps", "20000", "--until", str(done),
                                  *common)

@@ -75,8 +75,9 @@ def train(args: argparse.Namespace) -> None:
     from experiments.barrier import wait_at_barrier
     # A long wait bound: a full garbage collection under load pauses a rank for seconds, and
     # a turn skipped meanwhile would let the other job run ahead, which is not what is tested.
-    strategy = crossover_tf.CrossoverStrategy(group=args.group, lease_timeout_s=120,
-                                              link_turn=args.link_turn, link_turn_wait_s=60)
+    strategy = crossover_tf.CrossoverStrategy(
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=120),
+        link_turn=crossover_tf.LinkTurnOptions(position=args.link_turn, wait_s=60))
     rank = strategy.rank
     with strategy.scope():
         model = build_model()
@@ -95,7 +96,7 @@ def train(args: argparse.Namespace) -> None:
     if args.done and rank == 0:
         pathlib.Path(args.done).touch()
     result = {"rank": rank, "turn_stats": strategy.turn_stats(),
-              "turn_timeline": strategy.turn.timeline().tolist()}
+              "turn_timeline": strategy.extended.turn.timeline().tolist()}
     pathlib.Path(args.out.replace("RANK", str(rank))).write_text(json.dumps(result))
 
 
@@ -129,9 +130,9 @@ def refit(strategy, model, x, y, result: dict) -> None:
     joined: list[bool] = []
 
     def at_first_batch() -> None:
-        joined.append(strategy.turn.joined)
+        joined.append(strategy.extended.turn.joined)
         if len(joined) == 2:   # the second fit: stands in for its slow first step
-            result["peer"] = run_peer(strategy.group, strategy.device_key)
+            result["peer"] = run_peer(strategy.group, strategy.extended.device_key)
 
     for _ in range(2):
         model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
@@ -151,14 +152,16 @@ def errors(strategy, model, x, y, result: dict) -> None:
             model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[
                 *strategy.callbacks(), keras.callbacks.LambdaCallback(on_train_batch_end=fail)])
         except (RuntimeError, KeyboardInterrupt) as e:
-            joined.append([type(e).__name__, strategy.turn.joined])
+            joined.append([type(e).__name__, strategy.extended.turn.joined])
     result["joined_after_error"] = joined
-    result["peer"] = run_peer(strategy.group, strategy.device_key)
+    result["peer"] = run_peer(strategy.group, strategy.extended.device_key)
 
 
 def lifecycle(args: argparse.Namespace) -> None:
     import crossover_tf
-    strategy = crossover_tf.CrossoverStrategy(group=args.group, link_turn=0)
+    strategy = crossover_tf.CrossoverStrategy(
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs),
+        link_turn=crossover_tf.LinkTurnOptions(position=0))
     with strategy.scope():
         model = build_model()
     x, y = data(8)
@@ -186,6 +189,7 @@ def main() -> None:
     parser.add_argument("mode", choices=["train", "lifecycle"])
     parser.add_argument("out")
     parser.add_argument("--group", required=True)
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
     parser.add_argument("--link_turn", type=int, default=0)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--epochs", type=int, default=1)

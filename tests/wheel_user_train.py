@@ -46,7 +46,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
-    strategy = crossover_tf.CrossoverStrategy(group=args.group, lease_timeout_s=60)
+    strategy = crossover_tf.CrossoverStrategy(  # two jobs cross: LeaseOptions' default
+        args.group, lease=crossover_tf.LeaseOptions(timeout_s=60))
     # Big enough that a step's hold lasts milliseconds: the crossed jobs then meet at the lease.
     with strategy.scope():
         model = keras.Sequential([keras.Input((FEATURES,)),

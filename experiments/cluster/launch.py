@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
+from crossover_tf.devices import DEVICE_KEY_ENV
 from experiments.cluster import exit_hooks
 from experiments.cluster.netns import EmulatedCluster, Host
 from experiments.cluster.rendezvous import BoundRendezvousServer
@@ -98,23 +99,28 @@ def terminate_ranks(ranks: Sequence[Rank], grace_s: float = TERMINATE_GRACE_S) -
 
 
 def rank_env(cluster: EmulatedCluster, host: Host, slot_info, rendezvous_port: int,
-             extra_env: Mapping[str, str]) -> dict[str, str]:
+             extra_env: Mapping[str, str], host_device_key: bool = True) -> dict[str, str]:
     """Environment of one rank: caller's env, Horovod's Gloo run + slot vars, the host's
-    identity."""
+    identity. With host_device_key the host's name is the rank's lease device key, so the
+    jobs' ranks on one emulated host pair; without it an inherited key is dropped too, and the
+    runtime keys the lease by the physical device (a real GPU), as a plain launch would."""
     env = dict(os.environ)
+    if not host_device_key:
+        env.pop(DEVICE_KEY_ENV, None)
     env.update(extra_env)
     env.update(create_run_env_vars(cluster.rendezvous_address, [host.iface], rendezvous_port))
     env.update(create_slot_env_vars(slot_info))
-    env.update({"CROSSOVER_DEVICE_KEY": host.name, "CROSSOVER_HOST_INDEX": str(host.index),
-                "PYTHONUNBUFFERED": "1"})
+    env.update({"CROSSOVER_HOST_INDEX": str(host.index), "PYTHONUNBUFFERED": "1"})
+    if host_device_key:
+        env[DEVICE_KEY_ENV] = host.name
     return {k: str(v) for k, v in env.items()}
 
 
 def launch_job(cluster: EmulatedCluster, command: Sequence[str], *, job_name: str,
                env: Mapping[str, str] | None = None, log_dir: str | os.PathLike,
-               timeout_s: float) -> JobHandle:
+               timeout_s: float, host_device_key: bool = True) -> JobHandle:
     """Starts `command` once per host as one Horovod world; logs go to
-    <log_dir>/<job>/rank<k>.log."""
+    <log_dir>/<job>/rank<k>.log. host_device_key: see rank_env."""
     if not cluster.hosts:
         raise RuntimeError("launch_job needs a started cluster (use `with EmulatedCluster(...)`)")
     hosts_by_name = {h.name: h for h in cluster.hosts}
@@ -139,7 +145,8 @@ def launch_job(cluster: EmulatedCluster, command: Sequence[str], *, job_name: st
                 log.flush()
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=rank_env(cluster, host, slot, port, env or {}), start_new_session=True)
+                    env=rank_env(cluster, host, slot, port, env or {}, host_device_key),
+                    start_new_session=True)
             handle.ranks.append(Rank(slot.rank, host, process, log_path))
     except BaseException:
         handle.terminate()

@@ -20,7 +20,8 @@ def sequential_aggregate(jobs: Mapping[str, JobStats]) -> float:
 
 class WindowTooShort(ValueError):
     """A concurrent scenario whose jobs overlapped too little to measure: its numbers would be a
-    few steps' noise (a 5 ms window once gave crossover/sequential 1.39), so it is refused."""
+    few steps' noise (such a window once gave a crossover/sequential ratio above what any
+    policy can reach), so it is refused."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +95,9 @@ def concurrent_aggregate(stats: Mapping[str, JobStats], warmup_steps: int | Mapp
 def fractional_steps(ends_ns: np.ndarray, start: int, stop: int) -> float:
     """Steps a job made between two instants, counting the steps cut by the window's edges by
     the fraction of them inside it (progress within a step interpolated between its start and
-    end, i.e. the previous step's end and its own). With ~27 whole steps per window one step
-    is ~2% of a job's rate, as large as the effects compared; whole steps would add that much
-    quantisation noise, depending only on where the edges fall."""
+    end, i.e. the previous step's end and its own). With a few tens of whole steps per window
+    one step is a share of a job's rate as large as the effects compared; whole steps would
+    add that much quantisation noise, depending only on where the edges fall."""
     progress = np.interp([start, stop], ends_ns, np.arange(len(ends_ns), dtype=float))
     return float(progress[1] - progress[0])
 
@@ -115,18 +116,3 @@ def timed_step_durations(stats: JobStats, warmup_steps: int) -> list[float]:
     return (np.diff(np.asarray(stats.step_end_ns, dtype=np.int64))[max(warmup_steps - 1, 0):]
             / 1e9).tolist()
 
-
-def ideal_crossover_ratio(jobs: Sequence[JobStats]) -> float:
-    """Crossover over sequential when every job's device time C (compute + apply) hides under
-    the others' communication M. Two jobs alternate strictly:
-    (C_A+M_A + C_B+M_B) / (max(C_A, M_B) + max(C_B, M_A)), i.e. (C+M)/max(C,M) for equal jobs.
-    N jobs take FIFO turns: a round is bounded by the device (sum of C), the shared links (sum
-    of M) and each job's own step (C+M), so sum(C+M) / max(sum C, sum M, max(C+M))."""
-    if len(jobs) < 2:
-        raise ValueError(f"the ideal crossover ratio needs >= 2 jobs, got {len(jobs)}")
-    total = sum(j.device_s + j.comm_s for j in jobs)
-    if len(jobs) == 2:
-        a, b = jobs
-        return total / (max(a.device_s, b.comm_s) + max(b.device_s, a.comm_s))
-    return total / max(sum(j.device_s for j in jobs), sum(j.comm_s for j in jobs),
-                       max(j.device_s + j.comm_s for j in jobs))

@@ -13,15 +13,11 @@ import collections
 import statistics
 from typing import Any, Mapping, Sequence
 
+from crossover_tf_planner import registry
+from crossover_tf_planner.comparison import (Comparison, Interval, InvalidRun, OrderDesign,
+                                             Spread, Trial)
 from crossover_tf_planner.validate import measured_winner
-from crossover_tf_planner.job_stats import JobStats
-from experiments import intervals
-
-# The ratio that picks the representative trial (the one whose scenarios compare.json shows).
-PRIMARY_RATIO = "crossover_over_naive"
-# Each crossed scenario's measured/ideal ratio: its <scenario>_over_sequential over the ideal.
-OVER_IDEAL = {"crossover": "measured_over_ideal",
-              "crossover_turn": "crossover_turn_measured_over_ideal"}
+from experiments.analysis import intervals
 
 
 def williams_square(n: int) -> list[list[int]]:
@@ -55,81 +51,85 @@ def trial_orders(scenarios: Sequence[str], trials: int) -> list[list[str]]:
     return [trial_order(scenarios, trial) for trial in range(trials)]
 
 
-def order_design(scenarios: Sequence[str], trials: int) -> dict[str, Any]:
+def order_design(scenarios: Sequence[str], trials: int) -> OrderDesign:
     """What the trials' orders balance: positions need a multiple of the scenario count,
     adjacent pairs a multiple of the design's rows (n, or 2n for an odd n). Any trial count
     runs (a multiple can cost several more runs of every scenario); the record, and
     compare.md, say what is then left unbalanced."""
     n, rows = len(scenarios), len(williams_square(len(scenarios)))
-    return {"design": "williams", "rows": rows, "trials": trials,
-            "positions_balanced": trials % n == 0, "adjacency_balanced": trials % rows == 0}
+    return OrderDesign("williams", rows, trials, trials % n == 0, trials % rows == 0)
 
 
-def spread(values: Sequence[float], trials: int | None = None) -> dict[str, Any]:
+def spread(values: Sequence[float], trials: int | None = None) -> Spread:
     """Median, min, max and the per-trial values; `trials` (when more trials ran than gave a
-    value, e.g. a scenario invalid in some) is kept as "of_trials" so the count stays shown."""
-    record = {"median": statistics.median(values), "min": min(values), "max": max(values),
-              "values": list(values)}
-    if trials is not None and trials != len(values):
-        record["of_trials"] = trials
-    return record
+    value, e.g. a scenario invalid in some) is kept as of_trials so the count stays shown."""
+    return Spread(statistics.median(values), min(values), max(values), list(values),
+                  trials if trials is not None and trials != len(values) else None)
 
 
-def comm_to_compute(result: Mapping[str, Any]) -> float:
+def comm_to_compute(trial: Trial | Comparison) -> float:
     """M/C of one trial from its solo profiles: total allreduce over total device time."""
-    solos = [JobStats.from_dict(job) for name, scenario in result["scenarios"].items()
-             if name.startswith("solo_") for job in scenario["jobs"].values()]
+    solos = trial.solo_stats().values()
     return sum(s.comm_s for s in solos) / sum(s.device_s for s in solos)
 
 
-def representative_trial(per_trial: Sequence[Mapping[str, Any]]) -> int:
+def representative_trial(per_trial: Sequence[Trial]) -> int:
     """Index of the trial whose primary ratio is the (lower) median; trial 0 when the
     comparison has no such ratio (e.g. without the naive scenario)."""
-    having = [i for i, t in enumerate(per_trial) if PRIMARY_RATIO in t["ratios"]]
+    key = registry.PRIMARY_RATIO.key
+    having = [i for i, t in enumerate(per_trial) if key in t.ratios]
     if not having:
         return 0
-    ranked = sorted(having, key=lambda i: per_trial[i]["ratios"][PRIMARY_RATIO])
+    ranked = sorted(having, key=lambda i: per_trial[i].ratios[key])
     return ranked[(len(ranked) - 1) // 2]
 
 
-def combine(per_trial: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """compare.json's body from per-trial summaries: the representative trial's scenarios,
-    "ratios" as medians over the trials that measured them with "ratio_spread" and the
-    bootstrap "ratio_interval" (intervals.py) beside them, "invalid" (per scenario, the
-    trials it was refused in and why), "checks" (what failed a sanity check, e.g. a measured
-    ratio above its ideal), and every trial."""
+def combine(per_trial: Sequence[Trial]) -> Comparison:
+    """The comparison from per-trial summaries: the representative trial's scenarios, ratios
+    as medians over the trials that measured them with their spread and the bootstrap
+    interval (intervals.py) beside them, invalid (per scenario, the trials it was refused in
+    and why), checks (what failed a sanity check, e.g. a measured ratio above its ideal), and
+    every trial."""
     if not per_trial:
         raise ValueError("no trials to combine")
     chosen = representative_trial(per_trial)
-    names = list(dict.fromkeys(name for t in per_trial for name in t["ratios"]))
-    ratio_spread = {name: spread([t["ratios"][name] for t in per_trial if name in t["ratios"]],
+    names = list(dict.fromkeys(name for t in per_trial for name in t.ratios))
+    ratio_spread = {name: spread([t.ratios[name] for t in per_trial if name in t.ratios],
                                  trials=len(per_trial)) for name in names}
-    invalid: dict[str, list[dict[str, Any]]] = {}
+    invalid: dict[str, list[InvalidRun]] = {}
     for trial, t in enumerate(per_trial):
-        for name, reason in t.get("invalid", {}).items():
-            invalid.setdefault(name, []).append({"trial": trial, "reason": reason})
-    return {"trials": len(per_trial), "representative_trial": chosen,
-            "scenarios": per_trial[chosen]["scenarios"],
-            "ratios": {name: s["median"] for name, s in ratio_spread.items()},
-            "ratio_spread": ratio_spread, "ratio_interval": intervals.ratio_intervals(per_trial),
-            "invalid": invalid,
-            "checks": above_ideal(ratio_spread),
-            "achieved_comm_to_compute": spread([comm_to_compute(t) for t in per_trial]),
-            "per_trial": list(per_trial)}
+        for name, reason in t.invalid.items():
+            invalid.setdefault(name, []).append(InvalidRun(trial, reason))
+    found = intervals.ratio_intervals(per_trial)
+    return Comparison(
+        per_trial[chosen].scenarios, {name: s.median for name, s in ratio_spread.items()},
+        trials=len(per_trial), representative_trial=chosen, ratio_spread=ratio_spread,
+        ratio_interval=found, invalid=invalid, checks=above_ideal(ratio_spread, found),
+        achieved_comm_to_compute=spread([comm_to_compute(t) for t in per_trial]),
+        per_trial=list(per_trial), ideal=per_trial[chosen].ideal)
 
 
-def above_ideal(ratio_spread: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """A crossed scenario whose measured/ideal exceeds 1 in every trial that measured it:
-    beyond its own spread, so the measurement or the bound is wrong (the ideal assumes each
-    job's compute hides entirely under the others' allreduces, which nothing can beat)."""
+def above_ideal(ratio_spread: Mapping[str, Spread],
+                ratio_interval: Mapping[str, Interval] | None = None) -> list[str]:
+    """A crossed scenario whose measured / ideal lies above 1 beyond its 95% interval (the
+    interval's low end above 1; without an interval, every trial above 1): the ideal is an
+    upper bound (analysis/ideal.py), so the measurement or the bound is wrong. A median above
+    1 whose interval includes 1 is noise, not flagged."""
     flagged = []
-    for crossed, key in OVER_IDEAL.items():
-        s = ratio_spread.get(key)
-        if s is not None and s["min"] > 1.0:
-            flagged.append(
-                f"{crossed} / sequential is above its ideal in every trial that measured it "
-                f"(measured / ideal {s['median']:.3f}, lowest {s['min']:.3f}): the measurement "
-                f"or the bound is wrong; do not trust this comparison's {crossed} ratios")
+    for crossed, metric in registry.OVER_IDEAL.items():
+        s, found = ratio_spread.get(metric.key), (ratio_interval or {}).get(metric.key)
+        if s is None:
+            continue
+        if found is not None and found.low > 1.0:
+            beyond = f"its 95% interval {found.low:.3f}–{found.high:.3f} lies wholly above 1"
+        elif found is None and s.min > 1.0:
+            beyond = f"no interval; above 1 in every trial, lowest {s.min:.3f}"
+        else:
+            continue
+        flagged.append(
+            f"{crossed} / sequential is above its ideal (measured / ideal {s.median:.3f}; "
+            f"{beyond}): the measurement or the bound is wrong; do not trust this "
+            f"comparison's {crossed} ratios")
     return flagged
 
 
@@ -141,42 +141,42 @@ VERDICT_RULE = (
     f"simpler stays) when it excludes 1.0 by less than {intervals.WIN_BAR:.0%}. Without an "
     "interval the median stands in for it.")
 # The ladder the measured verdict climbs: (verdict, scenario).
-LADDER = (("do not pair", "sequential"), ("naive", "naive"))
-CROSSED = ("crossover", "crossover_turn")
+LADDER = (("do not pair", registry.SEQUENTIAL), ("naive", registry.NAIVE))
 
 
-def verdict(result: Mapping[str, Any]) -> dict[str, Any]:
+def verdict(result: Comparison) -> dict[str, Any]:
     """The planner's recommendation (the most frequent over trials) against the measured
     winner by VERDICT_RULE, on the median ratios the tables show and their intervals; each
     step's call is kept ("steps"). Each trial's faster policy (validate.measured_winner with
     no bar) is counted beside it. The measured winner is None without naive/sequential and
     crossover/naive."""
-    per_trial = result.get("per_trial") or [result]
+    per_trial = result.trials_or_self
     predicted = collections.Counter(
-        t["planner"]["recommendation"]["predicted"] for t in per_trial
-        if "recommendation" in t.get("planner", {}))
-    ratios = result["ratios"]
+        t.planner["recommendation"]["predicted"] for t in per_trial
+        if t.planner and "recommendation" in t.planner)
+    ratios = result.ratios
     winner, steps = None, []
-    if {"naive_over_sequential", "crossover_over_naive"} <= set(ratios):
+    if {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_NAIVE.key} <= set(ratios):
         winner, steps = _climb(result)
+    needed = {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_SEQUENTIAL.key}
     trial_winners = collections.Counter(
-        measured_winner(_over_sequential(t["ratios"]), min_gain=0.0)
-        for t in per_trial
-        if {"naive_over_sequential", "crossover_over_sequential"} <= set(t.get("ratios", {})))
+        measured_winner(_over_sequential(t.ratios), min_gain=0.0)
+        for t in per_trial if needed <= set(t.ratios))
     return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
             "measured_winner": winner, "steps": steps,
             "trial_winners": dict(trial_winners.most_common())}
 
 
-def _climb(result: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def _climb(result: Comparison) -> tuple[str, list[dict[str, Any]]]:
     """VERDICT_RULE's ladder: the verdict and every step's ratio, interval and call."""
-    ratios, found = result["ratios"], result.get("ratio_interval") or {}
+    ratios, found = result.ratios, result.ratio_interval
     choice, current = LADDER[0]
     steps = []
-    crossed = max((c for c in CROSSED if f"{c}_over_naive" in ratios),
-                  key=lambda c: ratios[f"{c}_over_naive"])
+    over_naive = {c: registry.scenario_ratio(c, registry.NAIVE).key for c in registry.CROSSED}
+    crossed = max((c for c in registry.CROSSED if over_naive[c] in ratios),
+                  key=lambda c: ratios[over_naive[c]])
     for candidate, scenario in (LADDER[1], ("cross", crossed)):
-        key = f"{scenario}_over_{current}"
+        key = registry.scenario_ratio(scenario, current).key
         if key not in ratios:
             continue
         steps.append(_step(key, ratios[key], found.get(key)))
@@ -185,20 +185,20 @@ def _climb(result: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     return choice, steps
 
 
-def _step(key: str, median: float, interval: Mapping[str, Any] | None) -> dict[str, Any]:
+def _step(key: str, median: float, interval: Interval | None) -> dict[str, Any]:
     """One step of the ladder: its ratio's median, interval and call; without an interval
     (a hand-made or pre-interval result) the median is both ends, and "interval" says so."""
-    low, high = (interval["low"], interval["high"]) if interval else (median, median)
+    low, high = (interval.low, interval.high) if interval else (median, median)
     return {"ratio": key, "median": median, "low": low, "high": high,
             "interval": interval is not None, "call": intervals.call(low, high)}
 
 
-def _over_sequential(ratios: Mapping[str, float]) -> dict[str, float]:
+def _over_sequential(ratios: dict[str, float]) -> dict[str, float]:
     """Naive and each crossover scenario run (plain, and with link turns when it ran) over
     sequential, as one trial measured them."""
-    return {"naive": ratios["naive_over_sequential"],
-            **{name: ratios[f"{name}_over_sequential"] for name in CROSSED
-               if f"{name}_over_sequential" in ratios}}
+    over = {name: registry.scenario_ratio(name, registry.SEQUENTIAL).key
+            for name in (registry.NAIVE, *registry.CROSSED)}
+    return {name: ratios[key] for name, key in over.items() if key in ratios}
 
 
 def verdict_cells(chosen: Mapping[str, Any]) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
+from crossover_tf_planner import registry as r
 from crossover_tf_planner.job_stats import TAG_COMPUTE, JobStats
 
 
@@ -51,18 +52,18 @@ def priority_ratios(priority: Mapping[str, JobStats], solo: Mapping[str, JobStat
                             for job in secondaries])
     if not len(waits) or not len(holds):
         raise ValueError("the priority scenario left no timed lease events to judge")
+    secondary_rate = sum(priority_rates[j] for j in secondaries)
     ratios = {
-        "primary_over_solo": priority_rates[primary] / solo[primary].images_per_s,
-        "secondary_over_solo": (sum(priority_rates[j] for j in secondaries)
-                                / sum(solo[j].images_per_s for j in secondaries)),
-        "primary_max_wait_s": float(waits.max()),
-        "primary_p99_wait_s": float(np.percentile(waits, 99)),
-        "secondary_micro_batch_s": float(np.median(holds)),
+        r.PRIMARY_OVER_SOLO.key: priority_rates[primary] / solo[primary].images_per_s,
+        r.SECONDARY_OVER_SOLO.key: secondary_rate / sum(solo[j].images_per_s
+                                                        for j in secondaries),
+        r.PRIMARY_MAX_WAIT.key: float(waits.max()),
+        r.PRIMARY_P99_WAIT.key: float(np.percentile(waits, 99)),
+        r.SECONDARY_MICRO_BATCH.key: float(np.median(holds)),
     }
-    ratios["primary_max_wait_over_micro_batch"] = (ratios["primary_max_wait_s"]
-                                                   / ratios["secondary_micro_batch_s"])
+    ratios[r.PRIMARY_WAIT_OVER_MICRO_BATCH.key] = float(waits.max()) / float(np.median(holds))
     if naive_rates is not None:
-        ratios["secondary_over_naive"] = (sum(priority_rates[j] for j in secondaries)
-                                          / sum(naive_rates[j] for j in secondaries))
-        ratios["primary_over_naive"] = priority_rates[primary] / naive_rates[primary]
+        ratios[r.SECONDARY_OVER_NAIVE.key] = secondary_rate / sum(naive_rates[j]
+                                                                  for j in secondaries)
+        ratios[r.PRIMARY_OVER_NAIVE.key] = priority_rates[primary] / naive_rates[primary]
     return ratios

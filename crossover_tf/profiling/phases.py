@@ -41,13 +41,3 @@ def phase_durations(phases: np.ndarray) -> dict[str, np.ndarray]:
     p = phases.astype(np.float64) / 1e9
     return {"compute_s": p[:, 1] - p[:, 0], "comm_s": p[:, 2] - p[:, 1],
             "wait_s": p[:, 3] - p[:, 2], "apply_s": p[:, 4] - p[:, 3]}
-
-
-def overlap_steps(mine: np.ndarray, peer: np.ndarray) -> int:
-    """How many of my compute phases overlap one of the peer's communication phases: the
-    crossover effect itself (both arguments are step_phases arrays of the same host)."""
-    count = 0
-    for start, end in mine[:, 0:2]:
-        overlap = np.minimum(end, peer[:, 2]) - np.maximum(start, peer[:, 1])
-        count += bool(np.any(overlap > 0))
-    return count

@@ -11,21 +11,22 @@ the emulated cluster, with the same Horovod/TensorFlow ops as a training job:
 * ``cpu_s_per_mb``: CPU seconds per megabyte allreduced, beyond that polling.
 
 so that ``comm_cpu_s = cpu_per_wait_s * M + cpu_s_per_mb * MB`` for a step whose allreduce
-takes M seconds and moves MB megabytes. One run takes well under a minute:
-``python -m experiments.plan --mode=calibrate`` (root, for the shaped links).
+takes M seconds and moves MB megabytes. One short run:
+``python -m experiments.probes --mode=calibrate`` (root, for the shaped links).
 
-The same probe, run as two jobs at once (``measure_sharing``; ``plan.py
+The same probe, run as two jobs at once (``measure_sharing``; ``probes
 --mode=link_sharing``), says how two jobs' allreduces share a host's link: their combined
 throughput over one job's alone (1: the link splits evenly; below 1: sharing wastes it, which a
 lease over the link could win back; above 1: the fixed parts of the allreduces overlap).
 
-``measure_contention`` (``plan.py --mode=contention``, and every comparison's regime) gives the
+``measure_contention`` (``probes --mode=contention``, and every comparison's regime) gives the
 planner's ``LinkContention`` in three short runs: one job whose allreduces are separated by
 random gaps (the solo time), the same with a busy loop on each host's core (the compute
 slowdown), and two such jobs at once, so that their allreduces overlap at random as those of
 jobs that nothing coordinates do (the shared efficiency). Started together and run back to
-back, two jobs share the link well (``measure_sharing``: 0.98x); overlapping at random they
-moved 0.89x (12.69 Mbit/s), the loss the planner needs for naive co-location and plain crossing.
+back, two jobs can share the link well (``measure_sharing``) and still lose to allreduces
+that overlap at random: that loss is what the planner needs for naive co-location and plain
+crossing (measured figures: README and docs/measured_history.md).
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from crossover_tf.callbacks import process_cpu_s as _cpu_s  # all threads: Horovod's, Gloo's
+    from crossover_tf.profiling import process_cpu_s as _cpu_s  # all threads: Horovod's, Gloo's
 
     hvd.init()
     tensor = tf.ones([max(1, int(megabytes * 2**20 / 4))], tf.float32)
@@ -148,7 +149,7 @@ def _run_probes(cluster: Any, names: Sequence[str], megabytes: float, seconds: f
     `gap_s`)."""
     from experiments import launch_pair
     barrier = f"{tmp / 'barrier'}:{len(names) * len(cluster.hosts)}" if len(names) > 1 else ""
-    commands = {name: [sys.executable, "-m", "experiments.comm_cpu", str(megabytes),
+    commands = {name: [sys.executable, "-m", "experiments.probes.comm_cpu", str(megabytes),
                        str(seconds), str(idle_s), str(tmp / f"{name}.json"), barrier,
                        str(int(random_gaps)), str(int(busy_core)),
                        "" if gap_s is None else repr(gap_s)]

@@ -5,91 +5,74 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from crossover_tf_planner import registry
+from crossover_tf_planner.comparison import (Comparison, IdealRound, ScenarioResult, Spread,
+                                             Trial)
 from crossover_tf_planner.job_stats import JobStats
-from experiments import attribute, intervals, trials
-from experiments.scenarios import CONCURRENT
+from experiments.analysis import attribute, intervals, planner_errors
+from experiments.comparison import trials
 
-RATIO_ROWS = (("crossover_over_sequential", "crossover / sequential"),
-              ("crossover_over_naive", "crossover / naive"),
-              ("ideal_crossover_over_sequential", "ideal (from solo C, M)"),
-              ("measured_over_ideal", "measured / ideal"),
-              ("crossover_env_over_crossover", "crossover with --scenario_env / crossover"),
-              ("crossover_env_over_naive", "crossover with --scenario_env / naive"),
-              ("naive_env_over_naive", "naive with --scenario_env / naive"),
-              ("crossover_env_over_naive_env", "crossover / naive, both with --scenario_env"),
-              ("crossover_turn_over_crossover", "crossover with link turns / crossover"),
-              ("crossover_turn_over_naive", "crossover with link turns / naive"),
-              ("crossover_turn_over_sequential", "crossover with link turns / sequential"),
-              ("crossover_turn_measured_over_ideal", "crossover with link turns: measured / ideal"),
-              ("primary_over_solo", "priority: primary / its solo run"),
-              ("primary_over_naive", "priority: primary / primary in naive"),
-              ("secondary_over_naive", "priority: secondary / secondary in naive"),
-              ("secondary_over_solo", "priority: secondary / its solo run"),
-              ("primary_max_wait_s", "priority: primary's worst wait (s)"),
-              ("primary_p99_wait_s", "priority: primary's 99th-percentile wait (s)"),
-              ("secondary_micro_batch_s", "priority: secondary micro-batch compute (s)"),
-              ("primary_max_wait_over_micro_batch", "priority: worst wait / micro-batch"))
 JOB_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
 
 
-def job_names(result: Mapping[str, Any]) -> list[str]:
+def job_names(result: Comparison) -> list[str]:
     """The comparison's jobs, from its solo scenarios (A, B, ...)."""
-    return sorted(n.removeprefix("solo_") for n in result["scenarios"] if n.startswith("solo_"))
+    return sorted(n.removeprefix(registry.SOLO_PREFIX) for n in result.scenarios
+                  if registry.is_solo(n))
 
 
-def scenario_order(result: Mapping[str, Any]) -> list[str]:
+def scenario_order(result: Comparison) -> list[str]:
     """Solo runs first, then sequential and the concurrent scenarios that ran."""
-    names = [f"solo_{job}" for job in job_names(result)] + ["sequential", *CONCURRENT]
-    return [n for n in names if n in result["scenarios"]]
+    names = [registry.solo(job) for job in job_names(result)] + list(registry.SCENARIOS)
+    return [n for n in names if n in result.scenarios]
 
 
-def with_spread(spread: Mapping[str, float] | float, digits: int = 3) -> str:
-    """"median [min–max]" of a spread record, or a plain value (a single trial)."""
-    if not isinstance(spread, Mapping):
+def with_spread(spread: Spread | Mapping[str, Any] | float, digits: int = 3) -> str:
+    """"median [min–max]" of a spread (a record, or one as a sweep row saved it), or a plain
+    value (a single trial)."""
+    if isinstance(spread, Mapping):
+        spread = Spread.from_dict(spread)
+    if not isinstance(spread, Spread):
         return f"{spread:.{digits}f}"
     # Fewer values than trials: the others' scenarios were invalid (see "Invalid" below).
-    count = (f" ({len(spread['values'])} of {spread['of_trials']} trials)"
-             if "of_trials" in spread else "")
-    if spread["min"] == spread["max"]:
-        return f"{spread['median']:.{digits}f}{count}"
-    return (f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}–"
-            f"{spread['max']:.{digits}f}]{count}")
+    count = (f" ({len(spread.values)} of {spread.of_trials} trials)"
+             if spread.of_trials is not None else "")
+    if spread.min == spread.max:
+        return f"{spread.median:.{digits}f}{count}"
+    return f"{spread.median:.{digits}f} [{spread.min:.{digits}f}–{spread.max:.{digits}f}]{count}"
 
 
 def _trial_label(trial: int | None) -> str:
     return "" if trial is None else f" (trial {trial})"
 
 
-def _invalid_lines(result: Mapping[str, Any]) -> list[str]:
+def _invalid_lines(result: Comparison) -> list[str]:
     """Scenarios refused for a window too short to measure, and failed sanity checks: said
     where the numbers are, so nobody reads a table without them."""
-    invalid = result.get("invalid") or {}
-    if isinstance(next(iter(invalid.values()), []), str):  # one trial's summary: name -> reason
-        invalid = {name: [{"trial": None, "reason": reason}] for name, reason in invalid.items()}
     lines = []
-    if invalid:
+    if result.invalid:
         lines += ["", "**Invalid scenarios** (left out of every ratio, the verdict and the "
                   "plot):", ""]
-        lines += [f"- {name}{_trial_label(e['trial'])}: {e['reason']}"
-                  for name, entries in invalid.items() for e in entries]
-    lines += [f"\n**Check failed:** {check}" for check in result.get("checks", ())]
+        lines += [f"- {name}{_trial_label(e.trial)}: {e.reason}"
+                  for name, entries in result.invalid.items() for e in entries]
+    lines += [f"\n**Check failed:** {check}" for check in result.checks]
     return lines
 
 
-def _regime_lines(result: Mapping[str, Any]) -> list[str]:
+def _regime_lines(result: Comparison) -> list[str]:
     """Which M/C was asked for, which bandwidth gave it, and what the solo runs achieved."""
-    regime = result.get("regime")
+    regime = result.regime
     if not regime:
         return []
-    asked = regime.get("comm_to_compute_asked")
-    source = regime.get("bandwidth_source", "fixed")
-    if not result.get("settings", {}).get("cluster", {}).get("emulated", True):
+    asked = regime.comm_to_compute_asked
+    source = regime.bandwidth_source
+    if not result.settings.get("cluster", {}).get("emulated", True):
         source += ", NOT applied: localhost fallback"
     lines = ["", "| regime | value |", "|---|---:|",
              f"| M/C asked for | {'—' if asked is None else f'{asked:g}'} |",
-             f"| M/C achieved (solo runs) | {with_spread(regime['achieved_comm_to_compute'])} |",
-             f"| bandwidth (Mbit/s, {source}) | {regime['bandwidth_mbit']:.4g} |"]
-    contention = regime.get("link_contention")
+             f"| M/C achieved (solo runs) | {with_spread(regime.achieved_comm_to_compute)} |",
+             f"| bandwidth (Mbit/s, {source}) | {regime.bandwidth_mbit:.4g} |"]
+    contention = regime.link_contention
     if contention:
         lines += [f"| link's shared efficiency (allreduces overlapping at random) | "
                   f"{contention['shared_efficiency']:.3f} |",
@@ -98,8 +81,8 @@ def _regime_lines(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _scenario_table(result: Mapping[str, Any], jobs_all: list[str], header: str,
-                    rate: Callable[[Mapping[str, Any], str], float | None],
+def _scenario_table(result: Comparison, jobs_all: list[str], header: str,
+                    rate: Callable[[ScenarioResult, str], float | None],
                     with_aggregate: bool) -> list[str]:
     """One row per scenario: each job's rate (`rate(scenario, job)`, None: not in it) and,
     where the per-job columns add up to it, the aggregate."""
@@ -107,23 +90,23 @@ def _scenario_table(result: Mapping[str, Any], jobs_all: list[str], header: str,
              + (" | aggregate images/s |" if with_aggregate else " |"),
              "|---|" + "---:|" * (len(jobs_all) + with_aggregate)]
     for name in scenario_order(result):
-        scenario = result["scenarios"][name]
-        cells = [f"{value:.1f}{_priority_mark(scenario['jobs'][j])}"
+        scenario = result.scenarios[name]
+        cells = [f"{value:.1f}{_priority_mark(scenario.jobs[j].priority)}"
                  if (value := rate(scenario, j)) is not None else "" for j in jobs_all]
-        aggregate = f" {scenario['aggregate_images_per_s']:.1f} |" if with_aggregate else ""
+        aggregate = f" {scenario.aggregate_images_per_s:.1f} |" if with_aggregate else ""
         lines.append(f"| {name} | {' | '.join(cells)} |{aggregate}")
     return lines
 
 
-def _windowed(scenario: Mapping[str, Any], job: str) -> float | None:
+def _windowed(scenario: ScenarioResult, job: str) -> float | None:
     """A job's rate inside the scenario's measurement (per_job_in_aggregate): the concurrent
     window for a concurrent scenario, its share of the aggregate for sequential."""
-    return scenario.get("per_job_in_aggregate", {}).get(job)
+    return (scenario.per_job_in_aggregate or {}).get(job)
 
 
-def _whole_run(scenario: Mapping[str, Any], job: str) -> float | None:
+def _whole_run(scenario: ScenarioResult, job: str) -> float | None:
     """A job's rate over its own whole timed run (stats.json's images_per_s)."""
-    return scenario["jobs"][job]["images_per_s"] if job in scenario["jobs"] else None
+    return scenario.jobs[job].images_per_s if job in scenario.jobs else None
 
 
 WINDOWED_NOTE = ("Every column is measured on the same steps: a concurrent scenario's inside "
@@ -134,52 +117,80 @@ WHOLE_RUN_NOTE = ("Each job's rate over its own whole timed run (including any t
                   "alone); not the rates the ratios use.")
 
 
-def _order_lines(result: Mapping[str, Any]) -> list[str]:
+def _order_lines(result: Comparison) -> list[str]:
     """What the trials' orders balanced, said where a reader weighs the spread."""
-    design = result.get("order_design")
-    if not design or design["trials"] < 2:
+    design = result.order_design
+    if not design or design.trials < 2:
         return []
-    if design["adjacency_balanced"]:
+    if design.adjacency_balanced:
         what = "each scenario in each position, and after each other, equally often"
-    elif design["positions_balanced"]:
+    elif design.positions_balanced:
         what = (f"each scenario in each position equally often; which scenario runs just "
-                f"before which is not balanced (needs a multiple of {design['rows']} trials)")
+                f"before which is not balanced (needs a multiple of {design.rows} trials)")
     else:
-        what = (f"positions are NOT balanced: {design['trials']} trials is not a multiple of "
+        what = (f"positions are NOT balanced: {design.trials} trials is not a multiple of "
                 f"the scenario count, so some scenarios ran early or late more often "
-                f"(a multiple of {design['rows']} trials balances positions and neighbours)")
+                f"(a multiple of {design.rows} trials balances positions and neighbours)")
     return ["", f"Order: rows of a Williams design, one per trial; {what}."]
 
 
-def _ratio_lines(result: Mapping[str, Any], n_trials: int) -> list[str]:
+def _ratio_lines(result: Comparison, n_trials: int) -> list[str]:
     """The ratio table: median [min–max] over trials, and the bootstrap 95% interval with the
     call it makes (intervals.call) for every ratio of two scenarios."""
-    spreads = result.get("ratio_spread", result["ratios"])
-    found = result.get("ratio_interval") or {}
+    spreads: Mapping[str, Spread | float] = result.ratio_spread or result.ratios
+    found = result.ratio_interval
     header = f"median [min–max] of {n_trials} trials" if n_trials > 1 else "value"
     lines = ["", f"| ratio | {header} | 95% interval (call) |", "|---|---:|---:|"]
-    lines += [f"| {label} | {with_spread(spreads[key])} | {intervals.describe(found.get(key))} |"
-              for key, label in RATIO_ROWS if key in spreads]
+    over_ideal = {metric.key for metric in registry.OVER_IDEAL.values()}
+    lines += [f"| {row.label} | {with_spread(spreads[row.key])} | "
+              f"{intervals.describe(found.get(row.key), judge=_judge(row.key in over_ideal))} |"
+              for row in registry.TABLE if row.key in spreads]
     if found:
-        method = next(iter(found.values()))["method"]
+        method = next(iter(found.values())).method
         lines += ["", f"Intervals: {method}. A ratio whose interval includes 1.0 is a tie."]
+    if result.ideal is not None and registry.IDEAL.key in spreads:
+        lines += ["", ideal_note(result.ideal)]
     return lines
 
 
-def _verdict_lines(result: Mapping[str, Any], n_trials: int) -> list[str]:
+def _judge(of_ideal: bool) -> Callable[[float, float], str]:
+    """How a row's interval is read: a measured / ideal against the bound, else a call."""
+    return intervals.ideal_call if of_ideal else intervals.call
+
+
+IDEAL_NOTE = (
+    "Ideal: one step of each job per round, the round no shorter than any resource it needs "
+    "(solo runs' mean times per step, the statistic the measured rates use): the device "
+    "(every job's compute + apply), the link (every job's allreduce, one after another), "
+    "the core's CPU (device work plus each allreduce's CPU, from the comm-CPU probe, when it "
+    "ran) and each job's own solo step; over the measured sequential rate. An upper bound: "
+    "it grants no hand-off cost and no allreduce slowed by a busy core or a shared link, so "
+    "a measured / ideal whose interval lies wholly above 1 is flagged.")
+
+
+def ideal_note(ideal: IdealRound) -> str:
+    """IDEAL_NOTE and what bounds the representative trial's ideal round."""
+    bounds = ", ".join(f"{name} {1e3 * s:.1f}" for name, s in ideal.bounds_s.items())
+    return (f"{IDEAL_NOTE} Here the {ideal.bound_by} sets the ideal round: {bounds} ms per "
+            "round.")
+
+
+def _verdict_lines(result: Comparison, n_trials: int) -> list[str]:
     """The verdict over all trials, with the rule it follows on the next line."""
     recommended, winner = trials.verdict_cells(trials.verdict(result))
     return [f"Over all {n_trials} trial(s): recommended **{recommended}**; measured winner: "
             f"**{winner}**.", "", trials.VERDICT_RULE]
 
 
-def markdown(result: Mapping[str, Any]) -> str:
+def markdown(result: Comparison | Trial) -> str:
     """Per-job and aggregate throughput per scenario (all inside the measured window; the
     whole-run rates in their own table), the ratios (median [min–max] over trials when there
     are several, and the bootstrap interval), the regime, each job's solo C and M, the
     planner's check and the verdict with its rule."""
-    n_trials = result.get("trials", 1)
-    shown = (f" (trial {result['representative_trial']}: median crossover / naive)"
+    if isinstance(result, Trial):
+        result = Comparison.of_trial(result)
+    n_trials = result.trials
+    shown = (f" (trial {result.representative_trial}: median crossover / naive)"
              if n_trials > 1 else "")
     jobs_all = job_names(result)
     lines = [WINDOWED_NOTE, "", *_scenario_table(result, jobs_all, f"scenario{shown}", _windowed,
@@ -192,14 +203,16 @@ def markdown(result: Mapping[str, Any]) -> str:
     lines += _regime_lines(result)
     lines += ["", "| job | compute C (ms) | comm M (ms) | solo step (ms) |", "|---|---:|---:|---:|"]
     for job in jobs_all:
-        solo = JobStats.from_dict(result["scenarios"][f"solo_{job}"]["jobs"][job])
+        solo = result.scenarios[registry.solo(job)].jobs[job]
         lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
                      f"{1e3 * solo.step_time_s:.1f} |")
-    if "planner" in result:
+    if result.planner is not None:
         from crossover_tf_planner import validate
-        lines += ["", PLANNER_HEADING.format(trial=result.get("representative_trial", 0)), "",
-                  validate.to_markdown(result["planner"])]
-    if {"naive_over_sequential", "crossover_over_naive"} <= set(result["ratios"]):
+        lines += ["", PLANNER_HEADING.format(trial=result.representative_trial), "",
+                  validate.to_markdown(result.planner)]
+        lines += planner_errors.markdown(result, result.planner.get("device_model", "cpu"))
+    if {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_NAIVE.key} <= set(
+            result.ratios):
         lines += ["", *_verdict_lines(result, n_trials)]
     return "\n".join(lines) + "\n"
 
@@ -210,13 +223,12 @@ PLANNER_HEADING = (
     "more involved policy must gain 5% over a simpler one):")
 
 
-def _priority_mark(job: Mapping[str, Any]) -> str:
+def _priority_mark(priority: str) -> str:
     """" (primary)" / " (secondary)" after a job that ran with a lease priority."""
-    priority = job.get("priority", "normal")
     return "" if priority == "normal" else f" ({priority})"
 
 
-def plot(result: Mapping[str, Any], leased: Mapping[str, JobStats], path: str,
+def plot(result: Comparison | Trial, leased: Mapping[str, JobStats], path: str,
          max_steps: int = 8) -> None:
     """Left: throughput bars per scenario (stacked by job, the median trial) with every trial's
     aggregate as a dot. Middle: each ratio's per-trial values and median with min–max bars.
@@ -226,6 +238,8 @@ def plot(result: Mapping[str, Any], leased: Mapping[str, JobStats], path: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if isinstance(result, Trial):
+        result = Comparison.of_trial(result)
     fig, (bars, ratios, lanes) = plt.subplots(1, 3, figsize=(17, 4.5),
                                               gridspec_kw={"width_ratios": [1, 0.8, 1.6]})
     _throughput_panel(bars, result)
@@ -236,47 +250,46 @@ def plot(result: Mapping[str, Any], leased: Mapping[str, JobStats], path: str,
     plt.close(fig)
 
 
-def _throughput_panel(ax: Any, result: Mapping[str, Any]) -> None:
+def _throughput_panel(ax: Any, result: Comparison) -> None:
     names = scenario_order(result)
     bottom = np.zeros(len(names))
     for job, color in zip(job_names(result), JOB_COLORS):
-        values = np.array([result["scenarios"][n]["per_job_in_aggregate"].get(job, 0.0)
+        values = np.array([(result.scenarios[n].per_job_in_aggregate or {}).get(job, 0.0)
                            for n in names])
         ax.bar(names, values, bottom=bottom, color=color, label=f"job {job}")
         bottom += values
-    for trial in result.get("per_trial", ()):
-        ax.plot(names, [trial["scenarios"].get(n, {}).get("aggregate_images_per_s", np.nan)
+    for trial in result.per_trial:
+        ax.plot(names, [t.aggregate_images_per_s if (t := trial.scenarios.get(n)) else np.nan
                         for n in names], "k.",
-                label="each trial" if trial is result["per_trial"][0] else None)
+                label="each trial" if trial is result.per_trial[0] else None)
     ax.set_ylabel("images/s (aggregate, stacked by job)")
     ax.set_title("throughput")
     ax.legend()
     ax.tick_params(axis="x", rotation=20)
 
 
-def _ratio_panel(ax: Any, result: Mapping[str, Any]) -> None:
-    spreads = result.get("ratio_spread") or {
-        k: trials.spread([v]) for k, v in result["ratios"].items()}
-    keys = [k for k in ("crossover_over_sequential", "crossover_over_naive",
-                        "naive_over_sequential", "crossover_env_over_crossover",
-                        "naive_env_over_naive", "crossover_env_over_naive_env",
-                        "crossover_turn_over_crossover", "crossover_turn_over_naive",
-                        "primary_over_solo", "secondary_over_naive")
-            if k in spreads]
+def spreads_of(result: Comparison) -> dict[str, Spread]:
+    """Each ratio's spread over trials (a single trial's value as a spread of one)."""
+    return result.ratio_spread or {k: trials.spread([v]) for k, v in result.ratios.items()}
+
+
+def _ratio_panel(ax: Any, result: Comparison) -> None:
+    spreads = spreads_of(result)
+    keys = [r.key for r in registry.PLOTTED if r.key in spreads]
     for i, key in enumerate(keys):
         s = spreads[key]
-        below, above = s["median"] - s["min"], s["max"] - s["median"]
-        ax.errorbar([i], [s["median"]], yerr=[[below], [above]], fmt="o", color="tab:red",
+        below, above = s.median - s.min, s.max - s.median
+        ax.errorbar([i], [s.median], yerr=[[below], [above]], fmt="o", color="tab:red",
                     capsize=6, label="median [min–max]" if not i else None)
-        ax.plot([i] * len(s["values"]), s["values"], "k.",
+        ax.plot([i] * len(s.values), s.values, "k.",
                 label="each trial" if not i else None)
-        interval = (result.get("ratio_interval") or {}).get(key)
+        interval = result.ratio_interval.get(key)
         if interval:
-            ax.plot([i + 0.15] * 2, [interval["low"], interval["high"]], color="tab:blue",
+            ax.plot([i + 0.15] * 2, [interval.low, interval.high], color="tab:blue",
                     linewidth=3, alpha=0.6, label="95% interval" if not i else None)
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks(range(len(keys)), [k.replace("_over_", " /\n") for k in keys])
-    ax.set_title(f"ratios over {result.get('trials', 1)} trial(s)")
+    ax.set_title(f"ratios over {result.trials} trial(s)")
     ax.legend()
 
 
@@ -297,7 +310,7 @@ def _timeline_panel(ax: Any, leased: Mapping[str, JobStats], max_steps: int) -> 
     origin = min(min(h[:, 0].min(), c[:, 0].min()) for h, c in lanes.values())
     rows = []
     for (job, (holds, comms)), color in zip(lanes.items(), JOB_COLORS):
-        mark = _priority_mark({"priority": leased[job].priority})
+        mark = _priority_mark(leased[job].priority)
         for label, spans, face in ((f"{job}{mark} device", holds, color),
                                    (f"{job} allreduce", comms, "lightgray")):
             rows.append((label, [((a - origin) / 1e6, (b - a) / 1e6) for a, b in spans], face))

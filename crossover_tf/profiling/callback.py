@@ -3,16 +3,17 @@
 The planner (crossover_tf_planner.recommend, crossover-plan) predicts from each job's profile
 whether crossing two jobs pays, so a job must be able to produce one before it is paired:
 
-    strategy = crossover_tf.CrossoverStrategy(group="profile-myjob")  # a group of its own
+    strategy = crossover_tf.CrossoverStrategy(
+        "profile-myjob", lease=crossover_tf.LeaseOptions(jobs=1))  # alone in its own group
     with strategy.scope():
         model = build_and_compile()
     profile = crossover_tf.ProfileCallback(strategy, "myjob.json", global_batch_size=64)
     model.fit(data, callbacks=[*strategy.callbacks(), profile])
 
-It reuses what a job already records: StepStatistics' step wall and CPU times, and the lease
+It reuses what a job already records: StepTimer's step wall and CPU times, and the lease
 timeline, which splits each step into compute (the forward/backward hold), communication
 (from that release to asking for the device again: the allreduce) and apply (the update's
-hold); crossover_tf.job_record turns them into the JobStats record that train.py saves and
+hold); profiling.job_record turns them into the JobStats record that train.py saves and
 crossover_tf_planner.profile_from_train_stats into a profile (the same path compare.py's solo
 scenarios take). Only a job with a crossover group has a lease timeline; alone in its group
 (no peer on its devices) the timeline is the solo one the planner needs. A job without a group
@@ -27,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from crossover_tf import job_record
-from crossover_tf.callbacks import StepStatistics
+from crossover_tf import keras_hooks
+from crossover_tf.profiling import job_record
+from crossover_tf.profiling.step_timer import StepTimer
 from crossover_tf_planner.profile import JobProfile, profile_from_train_stats
 
 if TYPE_CHECKING:
@@ -56,11 +58,12 @@ class ProfileCallback(keras.callbacks.Callback):
                  steps: int = 20, warmup_steps: int = 3, name: str | None = None,
                  global_batch_size: int = 1, stop_training: bool = False):
         super().__init__()
-        if strategy.lease is None:
+        if not strategy.is_crossover:
             raise ValueError(
                 "crossover_tf.ProfileCallback needs a crossover group: the lease timeline is "
                 "what splits a step into compute, allreduce and apply. Give the job a group "
-                "of its own, e.g. CrossoverStrategy(group='profile-myjob'), and run it alone")
+                "of its own, e.g. CrossoverStrategy('profile-myjob', lease=LeaseOptions(jobs=1)), "
+                "and run it alone")
         if steps < 1 or warmup_steps < 0:
             raise ValueError(f"ProfileCallback: steps must be >= 1 and warmup_steps >= 0, "
                              f"got {steps} and {warmup_steps}")
@@ -71,7 +74,7 @@ class ProfileCallback(keras.callbacks.Callback):
         self.global_batch_size = global_batch_size
         self.stop_training = stop_training
         self.profile: JobProfile | None = None
-        self._timer = StepStatistics(strategy, global_batch_size)
+        self._timer = StepTimer(strategy.lease_stats, global_batch_size)
         self._start_ns = 0
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -79,12 +82,12 @@ class ProfileCallback(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.profile is None:
-            self._timer.on_train_batch_begin(batch, logs)
+            self._timer.begin()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.profile is not None:
             return
-        self._timer.on_train_batch_end(batch, logs)
+        self._timer.end(logs)
         if len(self._timer.records) == self.warmup_steps + self.steps:
             self.profile = self._write()
             if self.stop_training:
@@ -98,12 +101,13 @@ class ProfileCallback(keras.callbacks.Callback):
                 f"warm-up + {self.steps} timed steps, so {self.path} was not written")
 
     def _write(self) -> JobProfile:
+        setup = keras_hooks.installed_setup(self.model)
         stats = job_record.job_stats(self.strategy, self._timer.records, job=self.name,
                                      global_batch_size=self.global_batch_size,
                                      warmup_steps=self.warmup_steps, start_ns=self._start_ns,
                                      end_ns=time.time_ns(), group=self.strategy.group,
-                                     priority=self.strategy.priority,
-                                     micro_batches=self.strategy.micro_batches)
+                                     priority=self.strategy.extended.lease_options.priority,
+                                     micro_batches=setup.micro_batches if setup else 1)
         profile = profile_from_train_stats(stats)
         if self.strategy.rank == 0:
             profile.to_json(self.path)

@@ -1,7 +1,7 @@
 """Runs one scenario of the comparison (all its jobs, or one alone) on an emulated cluster.
 
-Kept apart from compare.py, which decides what to run (calibration, trials, sweep); this module
-knows how: each rank's train.py command, lease groups, start barriers, logs, failures.
+Kept apart from comparison/run.py, which decides what to run (calibration, trials, sweep); this
+module knows how: each rank's train.py command, lease groups, start barriers, logs, failures.
 
 Scenarios: sequential (each job alone, one after another), naive (all together, no lease),
 crossover (all together on one lease group, FIFO turns), naive_env and crossover_env (naive
@@ -23,10 +23,9 @@ from typing import Any, Mapping, Sequence
 from absl import logging
 
 from crossover_tf_planner.job_stats import JobStats
+from crossover_tf_planner.registry import CONCURRENT, SCENARIOS, WITH_ENV
 
 JOB_NAMES = "ABCD"  # compare.py runs 2..4 jobs, named in this order
-CONCURRENT = ("naive", "naive_env", "crossover", "crossover_env", "crossover_turn", "priority")
-WITH_ENV = ("naive_env", "crossover_env")  # run as their base scenario, plus --scenario_env
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
@@ -52,16 +51,18 @@ def job_names(count: int) -> tuple[str, ...]:
 
 def job_settings(name: str, jobs: Sequence[str], secondary_micro_batches: int
                  ) -> dict[str, dict[str, Any]]:
-    """Per-job train.py settings a scenario adds: in `priority` the first job is the primary
-    and every other one a secondary computing in `secondary_micro_batches` micro-batches; in
-    `crossover_turn` job i takes link turn i of len(jobs)."""
+    """Per-job train.py settings a scenario adds: how many jobs share the group (1 in
+    `sequential`, where each job runs alone on its lease); in `priority` the first job is the
+    primary and every other one a secondary computing in `secondary_micro_batches`
+    micro-batches; in `crossover_turn` job i takes link turn i."""
+    group_jobs = {"group_jobs": 1 if name == "sequential" else len(jobs)}
     if name == "crossover_turn":
-        return {job: {"link_turn": i, "link_turn_jobs": len(jobs)}
-                for i, job in enumerate(jobs)}
+        return {job: {"link_turn": i, **group_jobs} for i, job in enumerate(jobs)}
     if name != "priority":
-        return {job: {} for job in jobs}
-    return {job: ({"priority": "primary"} if i == 0 else
-                  {"priority": "secondary", "micro_batches": secondary_micro_batches})
+        return {job: dict(group_jobs) for job in jobs}
+    return {job: ({"priority": "primary", **group_jobs} if i == 0 else
+                  {"priority": "secondary", "micro_batches": secondary_micro_batches,
+                   **group_jobs})
             for i, job in enumerate(jobs)}
 
 
@@ -89,16 +90,16 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
     TensorBoard runs, logs and barriers go under `run_name` (default: the scenario's name).
     Returns each job's rank-0 stats.json contents."""
     from experiments import launch_pair
-    if name not in ("sequential", *CONCURRENT):
+    if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; choose from sequential, "
                          f"{', '.join(CONCURRENT)}")
     run_name = run_name or name
     group = "" if name.startswith("naive") else f"xo{uuid.uuid4().hex[:8]}"
-    env = parse_env(getattr(c, "scenario_env", [])) if name in WITH_ENV else {}
+    env = parse_env(c.scenario_env) if name in WITH_ENV else {}
     tensorboard_dir = out / "tensorboard" / run_name
     concurrent = name in CONCURRENT
-    extra = job_settings(name, jobs, getattr(c, "secondary_micro_batches", 1))
-    if getattr(c, "horovod_timelines", False):  # rank 0's, next to the job's stats.json
+    extra = job_settings(name, jobs, c.secondary_micro_batches)
+    if c.horovod_timelines:  # rank 0's, next to the job's stats.json
         for job in jobs:
             extra[job]["horovod_timeline"] = str(tensorboard_dir / job / "horovod_timeline.json")
     barriers = out / "barriers" / run_name

@@ -5,41 +5,42 @@ Rows come from compare.json results (one per asked-for ratio); pure formatting, 
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any, Mapping, Sequence
 
-from experiments import intervals, report, trials
+from crossover_tf_planner import registry
+from crossover_tf_planner.comparison import Comparison
+from experiments.analysis import intervals, report
+from experiments.comparison import trials
 
-# compare.json ratio key -> the planner report's key for the same ratio.
-RATIOS = {"crossover_over_naive": "crossover/naive",
-          "crossover_over_sequential": "crossover/sequential",
-          "crossover_turn_over_naive": "crossover_turn/naive"}  # the last when it ran
 MODELS = ("analytical", "simulated")
 
 
-def _predicted(result: Mapping[str, Any], planner_key: str, model: str) -> float | None:
+def _predicted(result: Comparison, ratio: registry.Ratio, model: str) -> float | None:
     """The planner's prediction of one ratio, median over trials (None without a planner)."""
-    values = [t["planner"]["aggregate_images_ratios"][planner_key][model]
-              for t in result.get("per_trial", [result])
-              if model in t.get("planner", {}).get("aggregate_images_ratios", {}).get(
-                  planner_key, {})]
+    values = [t.planner["aggregate_images_ratios"][ratio.planner_key][model]
+              for t in result.trials_or_self
+              if model in (t.planner or {}).get("aggregate_images_ratios", {}).get(
+                  ratio.planner_key, {})]
     return statistics.median(values) if values else None
 
 
-def row(result: Mapping[str, Any]) -> dict[str, Any]:
-    """One sweep point from a comparison result: asked and achieved M/C, the bandwidth, per
-    ratio the measured spread, its bootstrap interval and each model's prediction, and the
-    recommendations."""
-    regime = result["regime"]
-    spreads = result.get("ratio_spread") or {
-        k: trials.spread([v]) for k, v in result["ratios"].items()}
-    found = result.get("ratio_interval") or {}
-    return {"comm_to_compute_asked": regime["comm_to_compute_asked"],
-            "achieved_comm_to_compute": regime["achieved_comm_to_compute"],
-            "bandwidth_mbit": regime["bandwidth_mbit"], "trials": result.get("trials", 1),
-            **{key: {"measured": spreads[key], "interval": found.get(key),
-                     **{model: _predicted(result, planner_key, model) for model in MODELS}}
-               for key, planner_key in RATIOS.items() if key in spreads},
+def row(result: Comparison) -> dict[str, Any]:
+    """One sweep point (a row of sweep.json) from a comparison: asked and achieved M/C, the
+    bandwidth, per ratio the measured spread, its bootstrap interval and each model's
+    prediction, and the recommendations."""
+    regime = result.regime
+    spreads = report.spreads_of(result)
+    found = result.ratio_interval
+    return {"comm_to_compute_asked": regime.comm_to_compute_asked,
+            "achieved_comm_to_compute": regime.achieved_comm_to_compute.to_dict(),
+            "bandwidth_mbit": regime.bandwidth_mbit, "trials": result.trials,
+            **{r.key: {"measured": spreads[r.key].to_dict(),
+                       "interval": (dataclasses.asdict(found[r.key]) if r.key in found
+                                    else None),
+                       **{model: _predicted(result, r, model) for model in MODELS}}
+               for r in registry.SWEPT if r.key in spreads},
             "recommendation": trials.verdict(result)}
 
 
@@ -51,11 +52,13 @@ def _measured(point: Mapping[str, Any]) -> str:
     """"median [min–max]; 95% low–high (call)": the spread, and the interval beside it."""
     interval = point.get("interval")
     spread = report.with_spread(point["measured"])
-    return f"{spread}; 95% {intervals.describe(interval)}" if interval else spread
+    if not interval:
+        return spread
+    return f"{spread}; 95% {intervals.describe(intervals.Interval(**interval))}"
 
 
-def _ratios_shown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [key for key in RATIOS if any(key in r for r in rows)]
+def _ratios_shown(rows: Sequence[Mapping[str, Any]]) -> list[registry.Ratio]:
+    return [ratio for ratio in registry.SWEPT if any(ratio.key in r for r in rows)]
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -64,14 +67,14 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     measured winner, with the verdict's rule under the table."""
     shown = _ratios_shown(rows)
     lines = ["| M/C asked | M/C measured | Mbit/s | " + " | ".join(
-                f"{RATIOS[key]} measured | predicted (cpu model / gpu-like sim)" for key in shown)
+                f"{r.planner_key} measured | predicted (cpu model / gpu-like sim)" for r in shown)
              + " | recommended | measured winner |",
              "|---:|---:|---:|" + "---:|---:|" * len(shown) + "---|---|"]
     for r in rows:
         asked = r["comm_to_compute_asked"]  # None: a fixed link's comparison, tabulated beside
         cells = ["—" if asked is None else f"{asked:g}", report.with_spread(
             r["achieved_comm_to_compute"], 2), f"{r['bandwidth_mbit']:.4g}"]
-        for key in shown:
+        for key in (ratio.key for ratio in shown):
             if key not in r:
                 cells += ["—", "—"]
                 continue
@@ -91,8 +94,8 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
 
     shown = _ratios_shown(rows)
     fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4.5), squeeze=False)
-    for ax, key in zip(axes[0], shown):
-        label = RATIOS[key]
+    for ax, ratio in zip(axes[0], shown):
+        key, label = ratio.key, ratio.planner_key
         present = [r for r in rows if key in r]
         x = [r["achieved_comm_to_compute"]["median"] for r in present]
         measured = [r[key]["measured"] for r in present]

@@ -1,7 +1,7 @@
 """A job's measured steps as the planner's JobStats record, from the strategy's own records.
 
 experiments/train.py (its stats.json) and ProfileCallback (a job's profile) both turn
-StepStatistics' per-step records and the lease timeline into this one record, so a profile a
+StepTimer's per-step records and the lease timeline into this one record, so a profile a
 user's job writes means exactly what a profiled train.py run means.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from crossover_tf import timeline
+from crossover_tf.profiling import phases
 from crossover_tf_planner.job_stats import JobStats
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *, job: str,
               global_batch_size: int, warmup_steps: int, start_ns: int, end_ns: int,
               **fields: Any) -> JobStats:
-    """Timing of the steps after ``warmup_steps`` (records: StepStatistics.records, one per
+    """Timing of the steps after ``warmup_steps`` (records: StepTimer.records, one per
     step run), and each phase's median from the lease timeline over the same steps (None
     without a crossover group). ``fields`` are the record's descriptive fields (model,
     dataset, priority, ...)."""
@@ -29,19 +29,20 @@ def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *,
         raise ValueError(f"job {job!r}: no timed step ({len(records)} steps run, "
                          f"{warmup_steps} of them warm-up)")
     step_times = np.array([r["step_time_s"] for r in timed])
-    phases: dict[str, Any] = {}
-    if strategy.lease is not None:
-        events = np.asarray(strategy.lease.timeline(), dtype=np.int64).reshape(-1, 4)
-        phases_ns = timeline.step_phases(events)
-        phases["phases_ns"] = phases_ns.tolist()
-        phases["lease_events_ns"] = events.tolist()
+    found: dict[str, Any] = {}
+    lease, turn = strategy.extended.lease, strategy.extended.turn
+    if lease is not None:
+        events = np.asarray(lease.timeline(), dtype=np.int64).reshape(-1, 4)
+        phases_ns = phases.step_phases(events)
+        found["phases_ns"] = phases_ns.tolist()
+        found["lease_events_ns"] = events.tolist()
         measured = phases_ns[warmup_steps:len(records)]
-        for key, values in timeline.phase_durations(measured).items():
-            phases[key] = float(np.median(values)) if len(values) else float("nan")
-    if strategy.turn is not None:
-        phases["turn_events_ns"] = strategy.turn.timeline().tolist()
+        for key, values in phases.phase_durations(measured).items():
+            found[key] = float(np.median(values)) if len(values) else float("nan")
+    if turn is not None:
+        found["turn_events_ns"] = turn.timeline().tolist()
     return JobStats(
-        job=job, rank=strategy.rank, size=strategy.size, device_key=strategy.device_key,
+        job=job, rank=strategy.rank, size=strategy.size, device_key=strategy.extended.device_key,
         global_batch_size=global_batch_size, steps=len(records), timed_steps=len(timed),
         step_time_s=float(np.median(step_times)),
         images_per_s=float(global_batch_size * len(timed) / step_times.sum()),
@@ -49,4 +50,4 @@ def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *,
         cpu_s=float(np.mean([r["cpu_s"] for r in timed])),
         losses=[r["loss"] for r in records if "loss" in r],
         step_end_ns=[r["end_ns"] for r in records],
-        lease=strategy.lease_stats(), turn=strategy.turn_stats(), **phases, **fields)
+        lease=strategy.lease_stats(), turn=strategy.turn_stats(), **found, **fields)

@@ -1,0 +1,153 @@
+"""CrossoverExtended: the strategy's internal state, kept behind one object.
+
+As tf.distribute keeps a strategy's machinery behind `strategy.extended`, the lease, the link
+turn, the device and its key live here, set up once in the order that makes them safe:
+devices pinned before TensorFlow starts them; every rank's group and device checked before
+any lease is opened; the group's jobs met on the lease (or a clear error) before the first
+step; the link turn last, since joining it is a collective of the job's own ranks.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from absl import logging
+
+from crossover_tf import collectives, devices, gpu_processes
+from crossover_tf import lease as lease_lib
+from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
+                                  LinkTurnOptions)
+
+_JOB_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@-]+")  # lease.validate_job's characters
+
+
+class CrossoverExtended:
+    """Lease, link turn, device and allreduce placement of one rank (read-only after set-up).
+
+    Attributes:
+      group, lease_options, link_turn_options, device_options, communication: as given.
+      device_key: this rank's device on its host (the lease's key).
+      device: the TensorFlow device this rank's ops go on.
+      allreduce_device: where the gradient allreduce runs (None: next to the gradients).
+      lease: the device lease (None without a group: plain Horovod).
+      turn: the link turn (None without link turns).
+      members: the jobs found on the lease when this job joined it.
+    """
+
+    def __init__(self, group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
+                 device: DeviceOptions, communication: CommunicationOptions):
+        self.group = group
+        self.lease_options, self.link_turn_options = lease, link_turn
+        self.device_options, self.communication = device, communication
+        self.compression = (communication.compression if communication.compression is not None
+                            else hvd.Compression.none)
+        self.memory = devices.GpuMemoryPolicy(growth=device.memory_growth,
+                                              limit_mb=device.memory_limit_mb)
+        gpu_ordinal = self._configure_devices(device.configure)
+        driver = devices.CudaDriver() if gpu_ordinal is not None else None
+        self.device_key = device.device_key or devices.device_key(hvd.local_rank(), gpu_ordinal,
+                                                                  driver)
+        first_rank = self._check_consistent_across_ranks()
+        self.lease = (lease_lib.DeviceLease(
+            group, self.device_key, lease.timeout_s, lease.priority, lease_dir=lease.lease_dir,
+            shared_group=lease.shared_group, job=lease.job or default_job_label(first_rank))
+            if group else None)
+        self.members = self._join_group() if self.lease is not None else []
+        if self.lease is not None and gpu_ordinal is not None:  # someone outside computes?
+            gpu_processes.warn_about_outsiders(
+                gpu_processes.Nvml(), devices.read_device_uuid(driver, gpu_ordinal),
+                self.members, group)
+        self.turn = (lease_lib.LinkTurn(self.lease, link_turn.position, lease.jobs,
+                                        self.agree_on_min, link_turn.wait_s, self.barrier)
+                     if self.lease is not None and link_turn is not None else None)
+        self.device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
+                                                tf.config.list_logical_devices("CPU"),
+                                                hvd.local_rank())
+        self.allreduce_device = devices.allreduce_device(communication.allreduce_on,
+                                                         self.lease is not None, self.device)
+
+    def __repr__(self) -> str:
+        return (f"CrossoverExtended(group={self.group!r}, device={self.device!r}, "
+                f"lease={self.lease!r}, turn={self.turn!r})")
+
+    @property
+    def step_end_reserve_s(self) -> float:
+        return self.lease_options.step_end_reserve_s
+
+    def agree_on_min(self, value: int) -> int:
+        """The smallest of every rank's value (a collective: the job's ranks agree on it)."""
+        return min(collectives.allgather_objects(value)) if hvd.size() > 1 else value
+
+    def barrier(self) -> None:
+        """Returns once every rank of the job has called it (a collective)."""
+        if hvd.size() > 1:
+            collectives.barrier()
+
+    def _join_group(self) -> list[Any]:
+        """Waits until the group's jobs are all on this rank's device lease; every rank raises
+        if any rank's lease stayed short of them (so no rank goes on into a collective that
+        the others left)."""
+        assert self.lease is not None
+        options = self.lease_options
+        try:
+            members, problem = self.lease.wait_for_jobs(options.jobs,
+                                                        options.join_timeout_s), ""
+        except lease_lib.GroupIncomplete as err:
+            members, problem = [], str(err)
+        problems = (collectives.allgather_objects(problem) if hvd.size() > 1 else [problem])
+        failed = [(rank, p) for rank, p in enumerate(problems) if p]
+        if failed:
+            rank, first = failed[0]
+            ranks = ", ".join(str(r) for r, _ in failed)
+            raise lease_lib.GroupIncomplete(f"crossover_tf: rank(s) {ranks} of this job did "
+                                            f"not find the group's other jobs. Rank {rank}: "
+                                            f"{first}")
+        logging.info("crossover_tf: rank %d joined %s with %s", hvd.rank(), self.lease,
+                     members)
+        return members
+
+    def _configure_devices(self, configure: bool) -> int | None:
+        """Pins this rank's GPU (before TF initialises devices); returns its CUDA ordinal."""
+        gpus = tf.config.list_physical_devices("GPU")  # does not initialise the runtime
+        if not gpus:
+            return None
+        if configure:
+            chosen = devices.configure_local_gpu(tf.config, self.memory, hvd.local_rank(),
+                                                 hvd.local_size(),
+                                                 tf.config.LogicalDeviceConfiguration)
+        else:
+            chosen = gpus[hvd.local_rank() % len(gpus)]
+        return devices.physical_gpu_ordinal(gpus, chosen)
+
+    def _check_consistent_across_ranks(self) -> dict[str, Any]:
+        """Fails fast on configuration that would deadlock or silently mis-schedule later;
+        returns rank 0's description (its host and pid name the job by default)."""
+        mine = {"group": self.group, "host": socket.gethostname(),
+                "device_key": self.device_key, "pid": os.getpid()}
+        everyone = collectives.allgather_objects(mine) if hvd.size() > 1 else [mine]
+        groups = sorted({c["group"] for c in everyone})
+        if len(groups) > 1:
+            per_rank = ", ".join(f"rank {r}: {c['group']!r}" for r, c in enumerate(everyone))
+            raise ValueError("crossover_tf: ranks of one job must use the same crossover group; "
+                             f"got {per_rank}")
+        seen: dict[tuple[str, str], int] = {}
+        for r, c in enumerate(everyone):
+            where = (c["host"], c["device_key"])
+            if where in seen and self.group:
+                raise ValueError(
+                    f"crossover_tf: ranks {seen[where]} and {r} of one job share device key "
+                    f"{c['device_key']!r} on host {c['host']!r}; they would serialise each "
+                    "other. Give each local rank its own device (CROSSOVER_DEVICE_KEY).")
+            seen[where] = r
+        return everyone[0]
+
+
+def default_job_label(first_rank: dict[str, Any]) -> str:
+    """A job's name on the lease when it gives none: rank 0's host and pid, which every rank
+    of the job shares and no other job has at once."""
+    host = _JOB_LABEL_UNSAFE.sub("-", str(first_rank["host"]))[:40] or "host"
+    return f"{host}:{first_rank['pid']}"

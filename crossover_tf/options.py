@@ -1,0 +1,182 @@
+"""CrossoverStrategy's options, in three small groups beside the group name.
+
+Why groups: the strategy's settings answer three separate questions (which device and how much
+of its memory; how the jobs of a group share it; in what order their allreduces use the
+network), and a flat list of knobs let settings that only make sense together be given apart
+and silently dropped. Each group is frozen and checks itself when it is made, and a combination
+that would be dropped (a reservation without the primary priority, say) is refused there,
+before Horovod or TensorFlow start.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from crossover_tf.devices import ALLREDUCE_PLACEMENTS
+from crossover_tf.lease import segments
+from crossover_tf.lease.device_lease import (validate_priority, validate_reserve,
+                                             validate_timeout)
+from crossover_tf.lease.group_join import validate_jobs
+from crossover_tf.lease.membership import validate_job
+from crossover_tf.lease.link_turn import validate_turn, validate_turn_priority
+
+DEFAULT_PRIMARY_RESERVE_S = 0.05
+MEMORY_MODES = ("growth", "all")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceOptions:
+    """Which device each rank uses and how much of its memory.
+
+    Args:
+      device_key: name of this process's device on its host; default $CROSSOVER_DEVICE_KEY,
+        else the physical device's identity (a GPU's UUID or PCI bus id), else gpu<n>/cpu<n>.
+      configure: pin each rank to its local GPU and apply `memory`. This must happen before
+        TensorFlow initialises its devices, so construct the strategy before creating any
+        tensor or model; False leaves GPU setup to you.
+      memory: "growth" (allocate as needed, so the peer job gets the rest; the default),
+        "all" (TensorFlow's own default: nearly the whole GPU at start-up, leaving the peer
+        nothing) or a whole number of MiB this job may take at most (predictable sharing).
+    """
+    device_key: str | None = None
+    configure: bool = True
+    memory: str | int = "growth"
+
+    def __post_init__(self) -> None:
+        if self.device_key is not None:
+            segments.validate_name("device key", self.device_key, segments.DEVICE_KEY_MAX_LEN)
+        if isinstance(self.memory, str):
+            if self.memory not in MEMORY_MODES:
+                raise ValueError(f"crossover_tf: DeviceOptions.memory must be one of "
+                                 f"{MEMORY_MODES} or a number of MiB, got {self.memory!r}")
+        elif isinstance(self.memory, bool) or not isinstance(self.memory, int) \
+                or self.memory <= 0:
+            raise ValueError(f"crossover_tf: DeviceOptions.memory as a limit must be a "
+                             f"positive whole number of MiB, got {self.memory!r}")
+
+    @property
+    def memory_growth(self) -> bool:
+        return self.memory == "growth"
+
+    @property
+    def memory_limit_mb(self) -> int | None:
+        return self.memory if isinstance(self.memory, int) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseOptions:
+    """How the jobs of a crossover group share each device.
+
+    Args:
+      jobs: how many jobs the group has. At start each job waits (up to join_timeout_s) until
+        that many jobs are on its device's lease, and fails otherwise: jobs that cannot see
+        each other's lease (a container's own /dev/shm) would both compute at once, and that
+        must never pass in silence. A job meant to run alone (a profiling run, say) says 1.
+        Link turns use the same count.
+      join_timeout_s: the longest a job waits at start for the group's other jobs.
+      timeout_s: how long one acquire of the device may wait before failing (a stuck or dead
+        peer).
+      priority: "normal" (jobs take turns, FIFO), "primary" (never queues behind a secondary,
+        and keeps secondaries out for primary_reserve_s after each step so they do not start
+        work it would wait for) or "secondary" (fills the primary's gaps).
+      primary_reserve_s: a primary's step-end reservation; only a primary has one
+        (default 0.05 s for a primary).
+      lease_dir: where the lease segments live: a tmpfs or local directory that every job of
+        the group sees (a volume shared by the containers); default $CROSSOVER_LEASE_DIR,
+        else /dev/shm. A network file system is refused (its locks do not work across hosts).
+      shared_group: jobs of several users: segment files are 0660 and belong to the lease
+        directory's group (docs/deploying.md).
+      job: this job's name on the lease (what `python -m crossover_tf.lease status` shows);
+        default from rank 0's host and pid.
+    """
+    jobs: int = 2
+    join_timeout_s: float = 120.0
+    timeout_s: float = 600.0
+    priority: str = "normal"
+    primary_reserve_s: float | None = None
+    lease_dir: str | None = None
+    shared_group: bool = False
+    job: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_jobs(self.jobs)
+        validate_job(self.job)
+        _check_seconds("join_timeout_s", self.join_timeout_s)
+        validate_timeout(self.timeout_s)
+        validate_priority(self.priority)
+        if self.primary_reserve_s is not None:
+            if self.priority != "primary":
+                raise ValueError(
+                    f"crossover_tf: primary_reserve_s is the step-end reservation of a "
+                    f"primary; priority {self.priority!r} has none (it would be ignored)")
+            validate_reserve(self.primary_reserve_s)
+
+    @property
+    def step_end_reserve_s(self) -> float:
+        """How long a step-end yield keeps lower classes out (0 but for a primary)."""
+        if self.priority != "primary":
+            return 0.0
+        return (DEFAULT_PRIMARY_RESERVE_S if self.primary_reserve_s is None
+                else float(self.primary_reserve_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkTurnOptions:
+    """This job's place in its group's allreduce order (lease.link_turn says why and why it
+    cannot deadlock): the group's jobs run their gradient allreduces one at a time per host.
+
+    Args:
+      position: 0, 1, ... — the same on every host and distinct per job, below the group's
+        LeaseOptions.jobs.
+      wait_s: the longest one allreduce waits for another job's earlier one (a peer paused
+        outside a step, e.g. saving a checkpoint); then it runs anyway.
+    """
+    position: int
+    wait_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.position, bool) or not isinstance(self.position, int) \
+                or self.position < 0:
+            raise ValueError(f"crossover_tf: LinkTurnOptions.position must be a whole number "
+                             f">= 0, got {self.position!r}")
+        validate_timeout(self.wait_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommunicationOptions:
+    """How the job's ranks talk (Horovod).
+
+    Args:
+      compression: Horovod gradient compression (hvd.Compression.none, the default, or .fp16).
+      allreduce_on: "auto" (host memory via Gloo for a crossover group on GPU, else next to
+        the gradients), "host" or "device"; devices.allreduce_device says why.
+      init_horovod: call hvd.init(); with False, Horovod must already be initialised.
+    """
+    compression: Any = None
+    allreduce_on: str = "auto"
+    init_horovod: bool = True
+
+    def __post_init__(self) -> None:
+        if self.allreduce_on not in ALLREDUCE_PLACEMENTS:
+            raise ValueError(f"crossover_tf: allreduce_on must be one of "
+                             f"{ALLREDUCE_PLACEMENTS}, got {self.allreduce_on!r}")
+
+
+def check_combination(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None
+                      ) -> None:
+    """Refuses settings that only make sense together when given apart."""
+    if link_turn is None:
+        return
+    if not group:
+        raise ValueError("crossover_tf: link turns order the allreduces of a crossover "
+                         "group's jobs; they need a group")
+    validate_turn(link_turn.position, lease.jobs)  # jobs: the group's, LeaseOptions.jobs
+    validate_turn_priority(lease.priority)
+
+
+def _check_seconds(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"crossover_tf: {name} must be a positive number of seconds, "
+                         f"got {value!r}")

@@ -1,0 +1,1 @@
+"""Reading a comparison: throughput, intervals, report, sweep, attribution, predictions."""

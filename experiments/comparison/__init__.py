@@ -1,0 +1,1 @@
+"""Running a comparison: its settings, calibration, scenarios, trials and summaries."""

@@ -1,0 +1,154 @@
+"""The comparison's settings: its flags (with the training and cluster flags it adopts from
+train.py and launch_pair.py) and their validation, before anything runs."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from absl import flags
+
+from crossover_tf_planner.policies import MEASURED
+from crossover_tf_planner.registry import SCENARIOS, WITH_ENV
+from experiments import config as config_lib
+from experiments.comparison import calibration, scenarios
+
+MAX_TRIALS = 20
+MAX_SWEEP_POINTS = 8
+# train.py's flags every rank gets from the comparison (scenarios.train_command), with the
+# comparison's defaults (None: train.py's).
+TRAINING = {"model": "resnet20", "dataset": "synthetic:cifar10", "global_batch_size": 128,
+            "steps": 40, "warmup_steps": 10, "learning_rate": None, "jit_compile": None}
+# launch_pair.py's flags the comparison's cluster is built with, likewise.
+CLUSTER = {"bandwidth_mbit": None, "latency_ms": None, "num_hosts": None, "timeout_s": 900.0,
+           "force_localhost": None}
+
+
+def _define_own(flag_values: flags.FlagValues) -> None:
+    define = config_lib.flag_definer(flag_values)
+    define(flags.DEFINE_string, "out_dir", "runs/compare",
+           "Where results and TensorBoard logs go.")
+    define(flags.DEFINE_list, "scenarios", list(MEASURED),
+           f"Scenarios to run, of {', '.join(SCENARIOS)} (sequential is needed: it provides "
+           "the solo profiles).")
+    define(flags.DEFINE_float, "comm_to_compute", 1.0,
+           "Asked-for M/C (allreduce over device time per step); the link bandwidth is "
+           "calibrated to give it unless --bandwidth_mbit is set.")
+    define(flags.DEFINE_integer, "trials", 1,
+           f"Runs of every scenario (1..{MAX_TRIALS}), in the orders of a Williams design: a "
+           "multiple of the scenario count balances positions (compare.md says when not).")
+    define(flags.DEFINE_list, "sweep_comm_to_compute", [],
+           f"M/C ratios (up to {MAX_SWEEP_POINTS}) to run the calibrated comparison at; "
+           "writes sweep.{json,md,png}.")
+    define(flags.DEFINE_float, "calibration_mbit", 100.0,
+           "First calibration bandwidth (the next ones are chosen from the results).")
+    define(flags.DEFINE_integer, "calibration_timed_steps", 20,
+           "Timed steps (after --warmup_steps) of each solo calibration run.")
+    define(flags.DEFINE_integer, "jobs", 2,
+           f"Jobs sharing the hosts (2..{len(scenarios.JOB_NAMES)}), named A, B, ...")
+    define(flags.DEFINE_integer, "secondary_micro_batches", 4,
+           "Priority scenario: micro-batches per step of the secondary job (B).")
+    define(flags.DEFINE_boolean, "comm_cpu_probe", True,
+           "Measure what an allreduce costs the shared CPU core and what the link loses "
+           "to allreduces overlapping at random (about 2 minutes, probes/comm_cpu.py) for the "
+           "planner's prediction.")
+    define(flags.DEFINE_float, "contention_probe_seconds", 20.0,
+           "How long the link contention probe times one job alone (two jobs: twice that).")
+    define(flags.DEFINE_boolean, "horovod_timelines", False,
+           "Profiling only: write every job's Horovod timeline (rank 0) next to its stats.json; "
+           "attribution.md then splits each allreduce into waiting for the other ranks and the "
+           "transfer. Horovod's timeline writer thread spins (a yield loop), taking much of a "
+           "CPU device: the throughput numbers of such a run are not comparable.")
+    define(flags.DEFINE_list, "scenario_env", [],
+           "KEY=VALUE environment for every rank of the naive_env and crossover_env scenarios "
+           "(e.g. HOROVOD_CYCLE_TIME=5): a runtime setting measured side by side with naive "
+           "and crossover.")
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines the comparison's flags on flag_values, once; training flags are train.py's own
+    and cluster flags launch_pair.py's, with the comparison's defaults."""
+    if "scenarios" in flag_values:
+        return
+    from experiments import launch_pair, train
+    config_lib.adopt(flag_values, train.define_flags, TRAINING)
+    config_lib.adopt(flag_values, launch_pair.define_flags, CLUSTER)
+    _define_own(flag_values)
+
+
+FLAG_NAMES = [*TRAINING, *CLUSTER, *config_lib.defined_names(_define_own)]
+
+
+def sweep_ratios(c: Any) -> list[float]:
+    """--sweep_comm_to_compute as floats (a clear error for anything else)."""
+    try:
+        return [float(r) for r in c.sweep_comm_to_compute]
+    except (TypeError, ValueError):
+        raise ValueError(f"sweep_comm_to_compute must be numbers, got "
+                         f"{c.sweep_comm_to_compute!r}") from None
+
+
+def validate(c: Any) -> None:
+    """Every setting checked, with a sentence saying what to change."""
+    scenarios.train_command(c, "A", "", "", "")  # train.py validates the ranks' settings
+    require = config_lib.require
+    require(c.bandwidth_mbit is None or c.bandwidth_mbit > 0, "bandwidth_mbit must be positive")
+    require(c.num_hosts >= 2, "num_hosts must be >= 2: one host has no network")
+    require(c.global_batch_size % c.num_hosts == 0,
+            "global_batch_size must be divisible by num_hosts")
+    require(c.steps - c.warmup_steps >= 10, "need at least 10 timed steps")
+    require(c.contention_probe_seconds >= 2.0,
+            "contention_probe_seconds must be >= 2 (the probe's shortest run)")
+    _validate_scenarios(c)
+    require(1 <= c.trials <= MAX_TRIALS, f"trials must be in 1..{MAX_TRIALS}, got {c.trials}")
+    _validate_regime(c)
+
+
+def _validate_scenarios(c: Any) -> None:
+    require = config_lib.require
+    unknown = sorted(set(c.scenarios) - set(SCENARIOS))
+    require(not unknown, f"unknown scenarios {unknown}; choose from {SCENARIOS}")
+    require("sequential" in c.scenarios,
+            "the sequential scenario is required (it gives the solo profiles)")
+    require(2 <= c.jobs <= len(scenarios.JOB_NAMES),
+            f"jobs must be in 2..{len(scenarios.JOB_NAMES)}, got {c.jobs}")
+    require("priority" not in c.scenarios or c.jobs == 2,
+            "the priority scenario runs one primary and one secondary: --jobs=2")
+    require(c.secondary_micro_batches >= 1
+            and (c.global_batch_size // c.num_hosts) % c.secondary_micro_batches == 0,
+            f"secondary_micro_batches must divide each rank's batch "
+            f"({c.global_batch_size // max(c.num_hosts, 1)}), got {c.secondary_micro_batches}")
+    env = scenarios.parse_env(c.scenario_env)
+    require(bool(env) == bool(set(WITH_ENV) & set(c.scenarios)),
+            f"--scenario_env and the {' / '.join(WITH_ENV)} scenarios go together: name at "
+            "least one of them and give at least one KEY=VALUE")
+
+
+def _validate_regime(c: Any) -> None:
+    require = config_lib.require
+    require(math.isfinite(c.comm_to_compute) and c.comm_to_compute > 0,
+            f"comm_to_compute must be a positive number, got {c.comm_to_compute}")
+    ratios = sweep_ratios(c)
+    require(all(math.isfinite(r) and r > 0 for r in ratios),
+            f"sweep_comm_to_compute ratios must be positive, got {ratios}")
+    require(len(ratios) <= MAX_SWEEP_POINTS and len(set(ratios)) == len(ratios),
+            f"sweep_comm_to_compute takes up to {MAX_SWEEP_POINTS} distinct ratios, got "
+            f"{ratios}")
+    require(not ratios or c.bandwidth_mbit is None,
+            "sweep_comm_to_compute calibrates the bandwidth per ratio; drop --bandwidth_mbit")
+    require(not ratios or ({"naive", "crossover"} <= set(c.scenarios) and c.jobs == 2),
+            "sweep_comm_to_compute compares a crossover pair with naive and sequential: run "
+            "those scenarios with --jobs=2")
+    require(c.bandwidth_mbit is not None or not c.force_localhost,
+            "calibration needs shaped links; force_localhost has none, so set "
+            "--bandwidth_mbit (it is then not applied) or drop force_localhost")
+    lowest = calibration.MIN_MBIT * calibration.MIN_STEP
+    require(lowest <= c.calibration_mbit <= calibration.MAX_MBIT,
+            f"calibration_mbit must be in [{lowest:g}, {calibration.MAX_MBIT:g}], got "
+            f"{c.calibration_mbit}")
+    require(c.calibration_timed_steps >= 5,
+            f"calibration_timed_steps must be >= 5, got {c.calibration_timed_steps}")
+
+
+def scenario_names(c: Any) -> list[str]:
+    """The scenarios asked for, in SCENARIOS' order (the first trial's)."""
+    return [name for name in SCENARIOS if name in c.scenarios]
