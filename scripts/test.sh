@@ -3,7 +3,10 @@
 # ruff (ruff.toml; a lint error fails the run), the Bazel build and C++ test of the op library
 # (scripts/bazel_check.sh: ~1 min warm; a SKIPPED line where neither Bazel nor apt is there;
 # CROSSOVER_BAZEL_CHECK=0 leaves it out), then pytest.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+# Extra arguments go to pytest. The fast tier (under 3 min of pytest on 2 cores) leaves out the
+# end-to-end and multi-process tests, marked `slow` (setup.cfg):
+#   CROSSOVER_BAZEL_CHECK=0 bash scripts/test.sh -m "not slow"
+# CI (.ci/run) runs everything.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${CROSSOVER_VENV:-$ROOT/.venv}
@@ -15,6 +18,7 @@ if [ "${CROSSOVER_BAZEL_CHECK:-1}" = 0 ]; then
 else
   bash "$ROOT/scripts/bazel_check.sh"
 fi
+bash "$ROOT/scripts/install_slurm.sh"  # apt slurm-wlm + munge for tests/test_deploy_slurm.py, or SKIPPED
 set +e
 "$VENV/bin/python" -m pytest "$@"
 rc=$?
