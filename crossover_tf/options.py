@@ -86,7 +86,8 @@ class LeaseOptions:
         the group sees (a volume shared by the containers); default $CROSSOVER_LEASE_DIR,
         else /dev/shm. A network file system is refused (its locks do not work across hosts).
       shared_group: jobs of several users: segment files are 0660 and belong to the lease
-        directory's group (docs/deploying.md).
+        directory's group (docs/deploying.md); default $CROSSOVER_LEASE_SHARED_GROUP=1, else
+        off.
       job: this job's name on the lease (what `python -m crossover_tf.lease status` shows);
         default from rank 0's host and pid.
     """
@@ -96,7 +97,7 @@ class LeaseOptions:
     priority: str = "normal"
     primary_reserve_s: float | None = None
     lease_dir: str | None = None
-    shared_group: bool = False
+    shared_group: bool | None = None
     job: str | None = None
 
     def __post_init__(self) -> None:

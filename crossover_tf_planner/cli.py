@@ -1,11 +1,12 @@
 """`crossover-plan`: the planner's command line for people and schedulers.
 
     crossover-plan recommend a.json b.json [--json out.json]
-    crossover-plan pair a.json b.json c.json ... [--json out.json]
+    crossover-plan pair a.json b.json c.json ... [--json out.json] [--slurm launch.sh]
 
 Each file is what a job wrote: a profile (crossover_tf.ProfileCallback) or a stats.json
 (experiments/train.py). It prints the recommendation (markdown) and, with ``--json PATH``,
-writes the result's JSON there for a scheduler (``--json -``: JSON on stdout instead). A bad
+writes the result's JSON there for a scheduler (``--json -``: JSON on stdout instead); pair's
+``--slurm PATH`` writes each pair's Slurm launch, filled in (launch_lines). A bad
 file ends with one line naming it and exit status 2. It lives in the planner, not in
 experiments/, because only crossover_tf* packages are installed, and imports no TensorFlow.
 """
@@ -16,11 +17,12 @@ import argparse
 import sys
 from typing import Sequence
 
-from crossover_tf_planner import api
+from crossover_tf_planner import api, launch_lines
 from crossover_tf_planner.comm_cost import load_link_contention
 from crossover_tf_planner.device_models import DEVICE_MODELS
 from crossover_tf_planner.fluid import StepRatioOutOfRange
 from crossover_tf_planner.json_io import InputFileError
+from crossover_tf_planner.pairing import PairingPlan
 from crossover_tf_planner.profile import load_profiles
 
 EXIT_BAD_INPUT = 2  # argparse's status for bad usage, so both kinds of mistake read the same
@@ -36,6 +38,16 @@ def _parser() -> argparse.ArgumentParser:
                              help="a job's profile or stats.json")
         command.add_argument("--json", metavar="PATH",
                              help="also write the result's JSON here ('-': stdout only)")
+        if name == "pair":
+            command.add_argument("--slurm", metavar="PATH",
+                                 help="write each pair's Slurm launch (deploy/slurm/"
+                                      "crossover_steps.sbatch) to this script ('-': stdout)")
+            command.add_argument("--command", action="append", default=[],
+                                 metavar="JOB=COMMAND",
+                                 help="a job's command for --slurm (default: experiments.train "
+                                      "under the job's name); repeat per job")
+            command.add_argument("--sbatch-options", default="",
+                                 help="sbatch options for --slurm, e.g. '--gres=gpu:1'")
         command.add_argument("--min-gain", type=float, default=0.05,
                              help="least gain a more involved policy must show (0.05)")
         command.add_argument("--device-model", choices=sorted(DEVICE_MODELS), default="gpu",
@@ -69,6 +81,28 @@ def run(argv: Sequence[str] | None = None) -> int:
     print(result.to_markdown())
     if args.json:
         result.to_json(args.json)
+    if getattr(args, "slurm", None):
+        return _write_slurm(result, args)
+    return 0
+
+
+def _write_slurm(plan: PairingPlan, args: argparse.Namespace) -> int:
+    """Writes the pairs' Slurm launches (launch_lines) where --slurm says."""
+    commands = {}
+    for item in args.command:
+        job, sep, command = item.partition("=")
+        if not sep or not job or not command:
+            print(f"crossover-plan: error: --command takes JOB=COMMAND, got {item!r}",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        commands[job] = command
+    script = launch_lines.slurm_script(plan, launch_lines.slurm_launches(
+        plan, commands, sbatch_options=args.sbatch_options))
+    if args.slurm == "-":
+        print(script, end="")
+    else:
+        with open(args.slurm, "w", encoding="utf-8") as handle:
+            handle.write(script)
     return 0
 
 

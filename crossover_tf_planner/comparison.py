@@ -96,14 +96,14 @@ class IdealRound:
     link_s: float  # every job's allreduce at its solo length, one after another on the link
     step_s: float  # the longest solo step: no job steps faster than it does alone
     images: float  # images per round: one step of each job
-    core_s: float | None = None  # every job's device work plus its allreduce's CPU on the
-    # shared core (the comm-CPU probe's cost); None: the record has no probe
+    core_s: float | None = None  # every job's device holds plus its allreduce's CPU (the
+    # comm-CPU probe's cost): an estimate shown beside the bound, never part of it (ideal.py
+    # says why); None: the record has no probe
 
     @property
     def bounds_s(self) -> dict[str, float]:
-        """Each resource's seconds per round (the core's only with the probe)."""
-        bounds = {"device": self.device_s, "link": self.link_s, "own step": self.step_s}
-        return bounds if self.core_s is None else {**bounds, "core CPU": self.core_s}
+        """Each bounding resource's seconds per round."""
+        return {"device": self.device_s, "link": self.link_s, "own step": self.step_s}
 
     @property
     def round_s(self) -> float:

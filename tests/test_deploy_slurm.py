@@ -10,7 +10,8 @@ in one crossover group on the node's one device (cpu0):
   * the same pair without it (each job's lease in its own /dev/shm) fails loudly: the join
     error in each job's output, a nonzero exit, within the join timeout (before the join
     check, both computed at once with no error; the numbers are in issue 21's closing note);
-  * deploy/slurm/crossover_steps.sbatch's two `srun --overlap` steps of one allocation cross.
+  * deploy/slurm/crossover_steps.sbatch's two `srun --overlap` steps of one allocation cross,
+    and so does the line crossover-plan pair --slurm writes for a crossed pair, as written.
 Skips, saying why, where Slurm cannot be installed or started.
 """
 from __future__ import annotations
@@ -142,9 +143,33 @@ def test_slurm_steps_recipe_crosses(slurm_cluster: SlurmCluster) -> None:
     for job in ("A", "B"):
         env[f"CROSSOVER_COMMAND_{job}"] = " ".join(
             train_command(job, group, run_dir / "model", run_dir / "barrier"))
-    job_id = slurm_cluster.sbatch([f"--chdir={REPO_ROOT}", str(STEPS_SCRIPT)], env=env)
-    records = slurm_cluster.wait([job_id], timeout_s=JOB_TIMEOUT_S)
-    result = summarize(slurm_cluster, group, run_dir, {"A": job_id, "B": job_id},
+    _assert_steps_cross(slurm_cluster, group, run_dir, env, str(STEPS_SCRIPT))
+
+
+def test_planner_launch_line_runs_as_written(slurm_cluster: SlurmCluster) -> None:
+    """crossover-plan pair --slurm's line for a crossed pair, submitted as it is (issue 25
+    item 4): the planner fills in the group, the job count and the join timeout."""
+    import crossover_tf_planner as planner
+    from crossover_tf_planner import launch_lines
+    from test_planner_launch_lines import PROFILES, parse
+    plan = planner.pair(PROFILES)
+    run_dir = slurm_cluster.base / "runs" / f"plan{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True)
+    commands = {job: " ".join(train_command(job, "", run_dir / "model", run_dir / "barrier",
+                                            join_flags=False)) for job in ("A", "B")}
+    (launch,) = launch_lines.slurm_launches(plan, commands)
+    assert launch.recommendation == "cross", plan.to_markdown()
+    assignments, words = parse(launch.line)
+    assert words == ["sbatch", launch_lines.STEPS_RECIPE]
+    env = {**job_env(REPO_ROOT, None), **assignments}
+    _assert_steps_cross(slurm_cluster, launch.group, run_dir, env, str(REPO_ROOT / words[1]))
+
+
+def _assert_steps_cross(cluster: SlurmCluster, group: str, run_dir: pathlib.Path,
+                        env: dict[str, str], script: str) -> None:
+    job_id = cluster.sbatch([f"--chdir={REPO_ROOT}", script], env=env)
+    records = cluster.wait([job_id], timeout_s=JOB_TIMEOUT_S)
+    result = summarize(cluster, group, run_dir, {"A": job_id, "B": job_id},
                        {job_id: records[job_id]}, None)
     output = result["jobs"]["A"]["output"]
     assert records[job_id]["JobState"] == "COMPLETED", output[-4000:]

@@ -374,3 +374,16 @@ def test_two_users_of_one_group_share_a_lease_and_an_outsider_is_refused(lease_g
         assert f"member of the group of the lease directory {leases} (gid {_GID})" in \
             refused.stderr, refused.stderr
         assert segment.exists(), "a refused segment must not be deleted"
+
+
+def test_group_mode_follows_its_environment_variable_unless_given(monkeypatch):
+    """A batch script or container spec sets group mode for every job, as it sets the lease
+    directory (deploy/README.md)."""
+    monkeypatch.delenv(segments.SHARED_GROUP_ENV, raising=False)
+    assert segments.resolve_shared_group() is False
+    monkeypatch.setenv(segments.SHARED_GROUP_ENV, "1")
+    assert segments.resolve_shared_group() is True
+    assert segments.resolve_shared_group(False) is False
+    monkeypatch.setenv(segments.SHARED_GROUP_ENV, "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        segments.resolve_shared_group()

@@ -99,22 +99,20 @@ class DeviceLease:
 
     lease_dir: where the segment file lives (segments.resolve_lease_dir: None is
     $CROSSOVER_LEASE_DIR, else /dev/shm). shared_group: jobs of several users share it (the
-    file is 0660, of the directory's group). job: this process's label on the lease; ""/None
-    is "<host>:<pid>". Any op on the lease makes this process a member (register() does it
-    without touching the device).
+    file is 0660, of the directory's group; None: $CROSSOVER_LEASE_SHARED_GROUP=1, else off).
+    job: this process's label on the lease; ""/None is "<host>:<pid>". Any op on the lease
+    makes this process a member (register() does it without touching the device).
     """
 
     def __init__(self, group: str, device_key: str, timeout_s: float = 600.0,
                  priority: str = "normal", *, lease_dir: str | os.PathLike | None = None,
-                 shared_group: bool = False, job: str | None = ""):
+                 shared_group: bool | None = None, job: str | None = ""):
         self.group = validate_name("group", group, segments.GROUP_MAX_LEN)
         self.device_key = validate_name("device key", device_key, segments.DEVICE_KEY_MAX_LEN)
         self.timeout_s = validate_timeout(timeout_s)
         self.priority = validate_priority(priority)
         self.lease_dir = segments.resolve_lease_dir(lease_dir)
-        if not isinstance(shared_group, bool):
-            raise ValueError(f"crossover lease shared_group must be a bool, got {shared_group!r}")
-        self.shared_group = shared_group
+        self.shared_group = segments.resolve_shared_group(shared_group)
         self.job = validate_job(job)
         self.path = segments.segment_path(self.group, self.device_key, self.lease_dir)
         self._ops = load_library()

@@ -21,6 +21,7 @@ from typing import Iterable
 
 DEFAULT_LEASE_DIR = pathlib.Path("/dev/shm")
 LEASE_DIR_ENV = "CROSSOVER_LEASE_DIR"
+SHARED_GROUP_ENV = "CROSSOVER_LEASE_SHARED_GROUP"  # group mode for every job of a script
 SEGMENT_PREFIX = "crossover"  # the C++ op names segments <dir>/crossover.<group>.<device>
 GROUP_MAX_LEN, DEVICE_KEY_MAX_LEN = 64, 32
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")  # whole name: fullmatch, so no "\n" slips past $
@@ -87,6 +88,20 @@ def resolve_lease_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path
     resolved = directory.resolve()
     check_local(resolved, file_system_type(resolved))
     return resolved
+
+
+def resolve_shared_group(explicit: bool | None = None) -> bool:
+    """Group mode (several users): explicit, else $CROSSOVER_LEASE_SHARED_GROUP ("1" on,
+    "0" or unset off), so that a batch script or container spec can set it for every job
+    beside CROSSOVER_LEASE_DIR."""
+    if explicit is not None:
+        if not isinstance(explicit, bool):
+            raise ValueError(f"crossover lease shared_group must be a bool, got {explicit!r}")
+        return explicit
+    value = os.environ.get(SHARED_GROUP_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"${SHARED_GROUP_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def segment_path(group: str, device_key: str,

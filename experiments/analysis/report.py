@@ -161,9 +161,8 @@ def _judge(of_ideal: bool) -> Callable[[float, float], str]:
 IDEAL_NOTE = (
     "Ideal: one step of each job per round, the round no shorter than any resource it needs "
     "(solo runs' mean times per step, the statistic the measured rates use): the device "
-    "(every job's compute + apply), the link (every job's allreduce, one after another), "
-    "the core's CPU (device work plus each allreduce's CPU, from the comm-CPU probe, when it "
-    "ran) and each job's own solo step; over the measured sequential rate. An upper bound: "
+    "(every job's compute + apply), the link (every job's allreduce, one after another) and "
+    "each job's own solo step; over the measured sequential rate. An upper bound: "
     "it grants no hand-off cost and no allreduce slowed by a busy core or a shared link, so "
     "a measured / ideal whose interval lies wholly above 1 is flagged.")
 
@@ -171,8 +170,12 @@ IDEAL_NOTE = (
 def ideal_note(ideal: IdealRound) -> str:
     """IDEAL_NOTE and what bounds the representative trial's ideal round."""
     bounds = ", ".join(f"{name} {1e3 * s:.1f}" for name, s in ideal.bounds_s.items())
+    core = ("" if ideal.core_s is None else
+            f" The core's CPU estimate (device holds plus each allreduce's CPU from the "
+            f"comm-CPU probe), {1e3 * ideal.core_s:.1f} ms, is not a bound: crossed jobs have "
+            "run faster than it (experiments/analysis/ideal.py).")
     return (f"{IDEAL_NOTE} Here the {ideal.bound_by} sets the ideal round: {bounds} ms per "
-            "round.")
+            f"round.{core}")
 
 
 def _verdict_lines(result: Comparison, n_trials: int) -> list[str]:
