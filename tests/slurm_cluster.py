@@ -37,6 +37,8 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import pytest
 
+from conftest import REPO_ROOT
+
 BASE_ROOT = pathlib.Path(os.environ.get("CROSSOVER_SLURM_BASE", "/var/tmp"))
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel", "setpriv")
 START_TIMEOUT_S = 60.0
@@ -397,10 +399,25 @@ class SlurmCluster:
             time.sleep(0.5)
 
 
+JOB_PRIVATE_DIRS = (pathlib.Path("/tmp"), pathlib.Path("/dev/shm"))  # job_container/tmpfs
+
+
+def hidden_from_jobs(paths: Iterable[pathlib.Path]) -> list[str]:
+    """The paths a job under job_container/tmpfs cannot see (under a private directory)."""
+    return [str(p) for p in paths
+            if any(p.resolve().is_relative_to(d) for d in JOB_PRIVATE_DIRS)]
+
+
 def running_cluster() -> Iterator[SlurmCluster]:
     """The body of a pytest fixture (module scope in tests/test_deploy_slurm.py): a started
     one-node Slurm, stopped and removed after the tests; skips with the exact reason where it
     cannot be started."""
+    hidden = hidden_from_jobs([REPO_ROOT, pathlib.Path(sys.prefix)])
+    if hidden:
+        pytest.skip(f"Slurm jobs cannot see {hidden}: job_container/tmpfs (Slurm 22.05 has no "
+                    "Dirs setting) gives every job a private /tmp and /dev/shm, so a checkout "
+                    "or venv there is invisible inside the jobs; clone outside /tmp to run "
+                    "these tests")
     cluster = SlurmCluster()
     try:
         cluster.__enter__()

@@ -32,3 +32,13 @@ def test_overlaps_count_holds_of_different_jobs_only() -> None:
 def test_touching_holds_do_not_overlap() -> None:
     assert overlapping_holds({"A": ev((0, 10)), "B": ev((10, 20))})["overlapped"] == 0
     assert overlapping_holds({}) == {"holds": 0, "overlapped": 0, "pairs": 0}
+
+
+def test_a_checkout_under_a_job_private_directory_is_named():
+    """Under job_container/tmpfs a job sees its own /tmp and /dev/shm: a checkout there is
+    invisible inside the jobs, so the Slurm tests skip, naming it."""
+    import pathlib
+
+    from slurm_cluster import hidden_from_jobs
+    assert hidden_from_jobs([pathlib.Path("/tmp/clone"), pathlib.Path("/var/tmp/clone"),
+                             pathlib.Path("/dev/shm/x")]) == ["/tmp/clone", "/dev/shm/x"]
