@@ -10,14 +10,13 @@ before Horovod or TensorFlow start.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from crossover_tf.devices import ALLREDUCE_PLACEMENTS
 from crossover_tf.lease import segments
 from crossover_tf.lease.device_lease import (validate_priority, validate_reserve,
                                              validate_timeout)
-from crossover_tf.lease.group_join import validate_jobs
+from crossover_tf.lease.group_join import validate_join_timeout, validate_jobs
 from crossover_tf.lease.membership import validate_job
 from crossover_tf.lease.link_turn import validate_turn, validate_turn_priority
 
@@ -103,7 +102,7 @@ class LeaseOptions:
     def __post_init__(self) -> None:
         validate_jobs(self.jobs)
         validate_job(self.job)
-        _check_seconds("join_timeout_s", self.join_timeout_s)
+        validate_join_timeout(self.join_timeout_s)
         validate_timeout(self.timeout_s)
         validate_priority(self.priority)
         if self.primary_reserve_s is not None:
@@ -175,9 +174,3 @@ def check_combination(group: str, lease: LeaseOptions, link_turn: LinkTurnOption
     validate_turn(link_turn.position, lease.jobs)  # jobs: the group's, LeaseOptions.jobs
     validate_turn_priority(lease.priority)
 
-
-def _check_seconds(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"crossover_tf: {name} must be a positive number of seconds, "
-                         f"got {value!r}")

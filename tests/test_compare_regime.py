@@ -650,6 +650,20 @@ def test_link_sharing_counts_only_the_allreduces_both_jobs_overlapped():
         comm_cpu.sharing(solo, shared)
 
 
+def test_link_sharing_counts_the_fractions_of_an_allreduce_a_starved_job_moved():
+    """TCP shares unfairly: a runs at 0.5 s per allreduce over [100, 103], b moves one
+    allreduce in 2 s then another that is half done when a finishes. b moved 1.5 allreduces in
+    the 3 s window (2 s each), not 'one, too few to measure'."""
+    from experiments.probes import comm_cpu
+    solo = {"megabytes": 1.0, "wall_s_per_allreduce": 0.4}
+    shared = {"a": {"spans_s": [(100.0 + 0.5 * k, 100.5 + 0.5 * k) for k in range(6)]},
+              "b": {"spans_s": [(100.0, 102.0), (102.0, 104.0)]}}
+    out = comm_cpu.sharing(solo, shared)
+    assert out["overlap_s"] == pytest.approx(3.0)
+    assert out["shared_s_per_allreduce"] == pytest.approx({"a": 0.5, "b": 2.0})
+    assert out["combined_throughput"] == pytest.approx(0.4 / 0.5 + 0.4 / 2.0)
+
+
 # -- a runtime setting side by side (naive_env, crossover_env) ------------------------------------
 ENV_SCENARIOS = ["sequential", "naive", "crossover", "crossover_env"]
 

@@ -58,10 +58,13 @@ def test_wait_for_jobs_counts_distinct_labels_and_is_bounded():
     arrivals = iter([[Member("a", 1, 0, False)]] * 3 + [[Member("a", 1, 0, False),
                                                           Member("b", 2, 0, False)]])
     assert len(group_join.wait_for_jobs(lambda: next(arrivals), path, 2, 5, poll_s=0.01)) == 2
-    assert group_join.wait_for_jobs(lambda: two_procs_one_job, path, 1, 0) == two_procs_one_job
+    assert group_join.wait_for_jobs(lambda: two_procs_one_job, path, 1, 0.05) == two_procs_one_job
     for bad in (0, 65, True, 1.5):
         with pytest.raises(ValueError, match="jobs must be a whole number"):
             group_join.validate_jobs(bad)
+    for bad in (0, -1.0, float("inf"), True, "5"):  # one rule, the option's and the poller's
+        with pytest.raises(ValueError, match="join_timeout_s must be a positive"):
+            group_join.wait_for_jobs(lambda: two_procs_one_job, path, 1, bad)
     assert issubclass(group_join.GroupIncomplete, RuntimeError)
 
 

@@ -40,13 +40,14 @@ def _plan(tmp_path, **overrides):
 @pytest.mark.skipif(not NETNS_OK, reason=f"needs root and ip netns: {NETNS_REASON}")
 def test_two_jobs_allreduces_share_the_link(tmp_path):
     """One job's 1 MB allreduces alone on a 20 Mbit/s link, then two jobs' at once from a
-    shared start. Each shared allreduce is slower than a solo one (the link is really shared),
-    and together they move about what one job moves alone."""
+    shared start. Together they move about what one job moves alone (the link is really
+    shared), so at least one of them is much slower than alone. TCP need not split the link
+    evenly (a CI run saw 1.23x and 1.9x solo), so neither job alone is held to a bound."""
     out = _plan(tmp_path, mode="link_sharing", calibrate_seconds=3.0)
     measured = out["result"]
-    assert set(measured["shared_s_per_allreduce"]) == {"link_a", "link_b"}
-    for shared in measured["shared_s_per_allreduce"].values():
-        assert shared > 1.3 * measured["solo_s_per_allreduce"]
+    shared = measured["shared_s_per_allreduce"]
+    assert set(shared) == {"link_a", "link_b"}
+    assert max(shared.values()) > 1.3 * measured["solo_s_per_allreduce"]
     assert 0.6 < measured["combined_throughput"] < 1.6
     assert measured["overlap_s"] > 2.0
     assert "Combined throughput over one job's alone" in out["markdown"]

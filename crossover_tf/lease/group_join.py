@@ -30,6 +30,15 @@ def validate_jobs(jobs: int) -> int:
     return jobs
 
 
+def validate_join_timeout(timeout_s: float) -> float:
+    """Checks how long a job waits at start for its group (LeaseOptions.join_timeout_s)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ValueError(f"crossover lease: join_timeout_s must be a positive number of "
+                         f"seconds, got {timeout_s!r}")
+    return timeout_s
+
+
 def group_incomplete_message(path: pathlib.Path, seen: Sequence[Member], expected: int,
                              timeout_s: float) -> str:
     """What GroupIncomplete says: the lease file, who was there, what was expected, the usual
@@ -58,11 +67,9 @@ def wait_for_jobs(read_members: Callable[[], Sequence[Member]], path: pathlib.Pa
     """Polls read_members (every poll_s, until timeout_s) until at least `jobs` distinct job
     labels are live; returns the members, or raises GroupIncomplete."""
     validate_jobs(jobs)
+    validate_join_timeout(timeout_s)
     if not poll_s > 0:
         raise ValueError(f"crossover lease: poll interval must be > 0, got {poll_s!r}")
-    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s >= 0):
-        raise ValueError(f"crossover lease: join timeout must be a finite number of seconds "
-                         f">= 0, got {timeout_s!r}")
     deadline = time.monotonic() + timeout_s
     members: list[Member] = []
     for _ in range(int(timeout_s / poll_s) + 2):  # the deadline ends it first

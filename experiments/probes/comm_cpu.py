@@ -46,6 +46,7 @@ from crossover_tf_planner.comm_cost import CommCpu, LinkContention, fit, fit_con
 MIN_RUN_S = 2.0
 DEFAULT_MB = 4.0  # allreduce size when the job's own is unknown (the cost is per MB)
 MAX_ALLREDUCES = 2000
+MIN_OVERLAP_ALLREDUCES = 3  # sharing needs the two jobs together for this many solo allreduces
 MAX_BUSY_S = 600.0  # a busy loop ends by itself even if its rank is killed
 
 
@@ -190,22 +191,33 @@ def measure(bandwidth_mbit: float, megabytes: float = DEFAULT_MB, seconds: float
 def sharing(solo: Mapping[str, Any], shared: Mapping[str, Mapping[str, Any]]
             ) -> dict[str, Any]:
     """How two concurrent probe jobs shared the link, from their allreduces' (start, end)
-    spans: over the window where both were timing, each job's seconds per allreduce (between
-    ends), and their combined throughput over the solo job's (sum of solo / shared seconds per
-    allreduce)."""
+    spans: over the window where both were timing, each job's seconds per allreduce (the
+    window over the allreduces it moved in it, counting the parts of those that straddle its
+    edges), and their combined throughput over the solo job's (sum of solo / shared seconds
+    per allreduce). Fractions, not whole allreduces: a link that TCP shares unfairly lets one
+    job finish a single allreduce in the window, and that is a measurement, not an error."""
     start = max(p["spans_s"][0][0] for p in shared.values())
     end = min(p["spans_s"][-1][1] for p in shared.values())
-    per_allreduce = {}
-    for name, probe in shared.items():
-        inside = [t for _, t in probe["spans_s"] if start < t <= end]
-        if len(inside) < 2:
-            raise RuntimeError(f"probe {name} finished {len(inside)} allreduces while both "
-                               f"jobs ran: too little overlap to measure sharing")
-        per_allreduce[name] = (inside[-1] - inside[0]) / (len(inside) - 1)
     solo_s = solo["wall_s_per_allreduce"]
+    if end - start < MIN_OVERLAP_ALLREDUCES * solo_s:
+        raise RuntimeError(f"the jobs ran together for {max(0.0, end - start):.2f} s, under "
+                           f"{MIN_OVERLAP_ALLREDUCES} solo allreduces ({solo_s:.2f} s each): "
+                           f"too little overlap to measure sharing")
+    per_allreduce = {name: (end - start) / _allreduces_within(probe["spans_s"], start, end)
+                     for name, probe in shared.items()}
     return {"megabytes": solo["megabytes"], "solo_s_per_allreduce": solo_s,
             "shared_s_per_allreduce": per_allreduce, "overlap_s": end - start,
             "combined_throughput": sum(solo_s / s for s in per_allreduce.values())}
+
+
+def _allreduces_within(spans_s: Sequence[Sequence[float]], start: float, end: float) -> float:
+    """How many allreduces the spans moved between start and end, a straddling one counted by
+    the fraction of its span inside (its bytes move at about an even rate)."""
+    moved = sum((min(e, end) - max(b, start)) / (e - b)
+                for b, e in spans_s if e > b and min(e, end) > max(b, start))
+    if moved <= 0:
+        raise RuntimeError("a probe job moved nothing while both ran: no sharing to measure")
+    return moved
 
 
 def measure_sharing(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
@@ -220,9 +232,11 @@ def measure_sharing(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
                   "env": {}}
         solo = _run_probes(c, ["link_solo"], megabytes, seconds, MIN_RUN_S / 2,
                            **kwargs)["link_solo"]
-        # Both jobs time the same stretch: each sizes its count alone, so twice the seconds.
-        shared = _run_probes(c, ["link_a", "link_b"], megabytes, 2 * seconds, MIN_RUN_S / 2,
-                             **kwargs)
+        # Both jobs run the same count, sized by the solo time (not by their own warm-ups,
+        # which overlap at random): even a job that gets the link first and keeps most of it
+        # then runs `seconds` at least, and the two overlap that long.
+        shared = _run_probes(c, ["link_a", "link_b"], megabytes, seconds, MIN_RUN_S / 2,
+                             gap_s=solo["wall_s_per_allreduce"], **kwargs)
     return {"bandwidth_mbit": bandwidth_mbit, **sharing(solo, shared)}
 
 
