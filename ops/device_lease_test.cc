@@ -4,7 +4,8 @@
 //
 //   device_lease_test            runs every test
 //   device_lease_test NAME ...   runs the named tests;  --list prints the names
-#include "device_lease.h"
+#include "lease_test_hooks.h"
+#include "link_turn.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -72,6 +73,12 @@ struct TestGroup {
     const LeaseStatus status = DeviceLease::Get(group, key, &lease, with_job);
     EXPECT(status.ok(), status.message);
     return lease;
+  }
+  std::shared_ptr<LinkTurn> OpenLinkTurn() const {
+    std::shared_ptr<LinkTurn> turn;
+    const LeaseStatus status = LinkTurn::Get(group, key, &turn, options);
+    EXPECT(status.ok(), status.message);
+    return turn;
   }
 };
 
@@ -500,55 +507,55 @@ int Reap(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// Joins at position and starts where TurnJoin says (what one rank alone would agree on).
-bool JoinAndStart(DeviceLease& lease, int position, int jobs) {
+// Joins at position and starts where Join says (what one rank alone would agree on).
+bool JoinAndStart(LinkTurn& turn, int position, int jobs) {
   int64_t next = 0;
-  return lease.TurnJoin(position, jobs, &next).ok() &&
-         lease.TurnStart(next == kTurnUnconstrained ? 0 : next).ok();
+  return turn.Join(position, jobs, &next).ok() &&
+         turn.Start(next == kLinkTurnUnconstrained ? 0 : next).ok();
 }
 
 // Joins at position, waits until `jobs` processes have joined, then takes `turns` turns, each
 // "allreducing" for hold_ms. Exit code 0 only if no turn was skipped.
 int TurnJob(const TestGroup& g, TurnLog* log, int position, int jobs, int turns, int hold_ms) {
-  auto lease = g.Open();
-  if (!JoinAndStart(*lease, position, jobs)) return 2;
+  auto turn = g.OpenLinkTurn();
+  if (!JoinAndStart(*turn, position, jobs)) return 2;
   log->ready.fetch_add(1);
   while (log->ready.load() < jobs) usleep(1000);
   for (int k = 0; k < turns; ++k) {
     bool skipped = true;
-    if (!lease->TurnWait(10, &skipped).ok() || skipped) return 3;
+    if (!turn->Wait(10, &skipped).ok() || skipped) return 3;
     log->Record(position);
     usleep(hold_ms * 1000);
-    if (!lease->TurnDone().ok()) return 4;
+    if (!turn->Done().ok()) return 4;
   }
-  return lease->TurnLeave().ok() ? 0 : 5;
+  return turn->Leave().ok() ? 0 : 5;
 }
 
 void TestTurnValidation() {
-  EXPECT(DeviceLease::ValidateTurn(1, 2).ok(), "position 1 of 2 rejected");
+  EXPECT(LinkTurn::ValidatePosition(1, 2).ok(), "position 1 of 2 rejected");
   for (auto [p, j] : std::vector<std::pair<int, int>>{{2, 2}, {-1, 2}, {0, 0},
-                                                      {0, kMaxTurnJobs + 1}}) {
-    EXPECT(!DeviceLease::ValidateTurn(p, j).ok(), "accepted position " << p << " of " << j);
+                                                      {0, kMaxLinkTurnJobs + 1}}) {
+    EXPECT(!LinkTurn::ValidatePosition(p, j).ok(), "accepted position " << p << " of " << j);
   }
   TestGroup g("turn_validation");
-  auto lease = g.Open();
+  auto turn = g.OpenLinkTurn();
   bool skipped;
-  EXPECT(Contains(lease->TurnWait(1, &skipped).message, "not joined"), "wait before join");
-  EXPECT(Contains(lease->TurnDone().message, "not joined"), "done before join");
+  EXPECT(Contains(turn->Wait(1, &skipped).message, "not joined"), "wait before join");
+  EXPECT(Contains(turn->Done().message, "not joined"), "done before join");
   int64_t next;
-  EXPECT(lease->TurnJoin(0, 2, &next).ok() && next == kTurnUnconstrained, "join");
-  EXPECT(Contains(lease->TurnWait(1, &skipped).message, "TurnStart first"), "wait before start");
-  EXPECT(!lease->TurnStart(kTurnUnconstrained).ok(), "unconstrained offset accepted");
+  EXPECT(turn->Join(0, 2, &next).ok() && next == kLinkTurnUnconstrained, "join");
+  EXPECT(Contains(turn->Wait(1, &skipped).message, "TurnStart first"), "wait before start");
+  EXPECT(!turn->Start(kLinkTurnUnconstrained).ok(), "unconstrained offset accepted");
   // Another job that claims the same position, or another job count, is refused.
   const int taken = InChild([&] {
     int64_t n;
-    const LeaseStatus s = g.Open()->TurnJoin(0, 2, &n);
+    const LeaseStatus s = g.OpenLinkTurn()->Join(0, 2, &n);
     return Contains(s.message, "position 0") && Contains(s.message, "is taken") ? 0 : 1;
   });
   EXPECT(taken == 0, "a second job joined at a taken position");
   const int count = InChild([&] {
     int64_t n;
-    const LeaseStatus s = g.Open()->TurnJoin(1, 3, &n);
+    const LeaseStatus s = g.OpenLinkTurn()->Join(1, 3, &n);
     return Contains(s.message, "same count") ? 0 : 1;
   });
   EXPECT(count == 0, "a job with another job count joined");
@@ -563,7 +570,7 @@ void TestTurnsAlternate() {
   const pid_t b = Spawn([&] { return TurnJob(g, log, 1, 2, 5, 1); });
   const int ra = Reap(a), rb = Reap(b);
   EXPECT(ra == 0 && rb == 0, "jobs failed or skipped turns: " << ra << ", " << rb);
-  // Whichever joined second goes first (see TurnJoin); then they alternate.
+  // Whichever joined second goes first (see LinkTurn::Join); then they alternate.
   EXPECT(log->Order() == "0101010101" || log->Order() == "1010101010",
          "turn order " << log->Order());
   munmap(log, sizeof(TurnLog));
@@ -573,38 +580,38 @@ void TestTurnsAlternate() {
 // it does not wait for them (one may be paused), and they wait for its first allreduce.
 void TestLateJobGoesFirst() {
   TestGroup g("late_job");
-  auto lease = g.Open();
-  EXPECT(JoinAndStart(*lease, 0, 2), "join");
+  auto turn = g.OpenLinkTurn();
+  EXPECT(JoinAndStart(*turn, 0, 2), "join");
   bool skipped;
   for (int k = 0; k < 3; ++k) {
-    EXPECT(lease->TurnWait(1, &skipped).ok() && !skipped, "turn alone");
-    EXPECT(lease->TurnDone().ok(), "done");
+    EXPECT(turn->Wait(1, &skipped).ok() && !skipped, "turn alone");
+    EXPECT(turn->Done().ok(), "done");
   }
   TurnLog* log = TurnLog::Make();
   const pid_t late = Spawn([&] {
-    auto l = g.Open();
+    auto l = g.OpenLinkTurn();
     int64_t n = -1;
     // Turn (2, 1) is the latest before job 0's next turn (3, 0).
-    if (!l->TurnJoin(1, 2, &n).ok() || n != 2) return 1;
-    if (!l->TurnStart(n).ok()) return 2;
+    if (!l->Join(1, 2, &n).ok() || n != 2) return 1;
+    if (!l->Start(n).ok()) return 2;
     bool sk = true;
     const double t0 = MonoS();
-    if (!l->TurnWait(5, &sk).ok() || sk || MonoS() - t0 > 1) return 3;
+    if (!l->Wait(5, &sk).ok() || sk || MonoS() - t0 > 1) return 3;
     log->ready.store(1);
     usleep(300 * 1000);  // its first allreduce
     log->Record(1);
-    return l->TurnDone().ok() && l->TurnLeave().ok() ? 0 : 4;
+    return l->Done().ok() && l->Leave().ok() ? 0 : 4;
   });
   while (log->ready.load() < 1) usleep(1000);
-  EXPECT(lease->TurnWait(5, &skipped).ok() && !skipped, "turn after the late job's");
+  EXPECT(turn->Wait(5, &skipped).ok() && !skipped, "turn after the late job's");
   log->Record(0);
   EXPECT(Reap(late) == 0, "late joiner failed");
   EXPECT(log->Order() == "10", "job 0 went before the late job's first turn: " << log->Order());
   // A job alone, or the first of its group, is unconstrained.
   TestGroup alone("late_job_alone");
   int64_t first = 0;
-  EXPECT(alone.Open()->TurnJoin(1, 2, &first).ok() && first == kTurnUnconstrained, "alone");
-  EXPECT(lease->TurnLeave().ok(), "leave");
+  EXPECT(alone.OpenLinkTurn()->Join(1, 2, &first).ok() && first == kLinkTurnUnconstrained, "alone");
+  EXPECT(turn->Leave().ok(), "leave");
   munmap(log, sizeof(TurnLog));
 }
 
@@ -614,13 +621,13 @@ void TestDeadOrPausedPeer() {
   int to_child[2];
   EXPECT(pipe(to_child) == 0, "pipe");
   TurnLog* log = TurnLog::Make();
-  auto lease = g.Open();
-  EXPECT(JoinAndStart(*lease, 1, 2), "join");
+  auto turn = g.OpenLinkTurn();
+  EXPECT(JoinAndStart(*turn, 1, 2), "join");
   bool skipped = true;
-  EXPECT(lease->TurnWait(1, &skipped).ok() && !skipped && lease->TurnDone().ok(), "alone");
+  EXPECT(turn->Wait(1, &skipped).ok() && !skipped && turn->Done().ok(), "alone");
   // The peer joins now, so its first turn comes before our next one; then it pauses.
   const pid_t paused = Spawn([&] {
-    auto l = g.Open();
+    auto l = g.OpenLinkTurn();
     if (!JoinAndStart(*l, 0, 2)) return 1;
     log->ready.fetch_add(1);
     char byte;
@@ -628,18 +635,18 @@ void TestDeadOrPausedPeer() {
   });
   while (log->ready.load() < 1) usleep(1000);
   double t0 = MonoS();
-  EXPECT(lease->TurnWait(0.3, &skipped).ok() && skipped, "did not skip a paused peer");
+  EXPECT(turn->Wait(0.3, &skipped).ok() && skipped, "did not skip a paused peer");
   EXPECT(MonoS() - t0 >= 0.29 && MonoS() - t0 < 2, "waited " << MonoS() - t0);
   kill(paused, SIGKILL);
   Reap(paused);
-  EXPECT(lease->TurnDone().ok(), "done");
+  EXPECT(turn->Done().ok(), "done");
   t0 = MonoS();
-  EXPECT(lease->TurnWait(5, &skipped).ok() && !skipped, "waited for a dead peer");
+  EXPECT(turn->Wait(5, &skipped).ok() && !skipped, "waited for a dead peer");
   EXPECT(MonoS() - t0 < 1, "a dead peer held us " << MonoS() - t0 << " s");
-  const TurnStats stats = lease->GetTurnStats();
+  const LinkTurnStats stats = turn->Stats();
   EXPECT(stats.turns == 3 && stats.skipped == 1 && stats.waited == 1,
          "stats " << stats.turns << "/" << stats.skipped << "/" << stats.waited);
-  const std::vector<TurnEvent> turns = lease->TurnTimeline();
+  const std::vector<LinkTurnEvent> turns = turn->Timeline();
   EXPECT(turns.size() == 3 && turns[0].skipped == 0 && turns[1].skipped == 1 &&
              turns[2].skipped == 0,
          "timeline of " << turns.size() << " turns");

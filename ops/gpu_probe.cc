@@ -6,7 +6,7 @@
 // trials (the order rotates each trial, so drift hits every mode alike):
 //   solo       one process alone (the reference every ratio divides by);
 //   naive      N processes, nothing schedules them;
-//   crossover  N processes taking turns through the project's lease core (device_lease.h),
+//   crossover  N processes sharing the GPU one at a time through the lease core (device_lease.h),
 //              released after the stream is synchronised;
 //   mps        naive under an MPS daemon this probe starts (skipped where it cannot).
 // Usage (every flag optional):

@@ -1,0 +1,103 @@
+// The registry of this process's open segments and its fork() handlers (see lease_registry.h).
+#include "lease_registry.h"
+
+#include <pthread.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "device_lease.h"
+#include "lease_segment.h"
+#include "link_turn.h"
+
+namespace crossover {
+namespace {
+
+// What this process has open on one segment.
+struct OpenedSegment {
+  std::shared_ptr<LeaseSegment> segment;
+  std::shared_ptr<DeviceLease> lease;
+  std::shared_ptr<LinkTurn> link_turn;
+};
+
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+// Keyed by segment path; never shrinks (see LeaseRegistry::Open).
+std::map<std::string, OpenedSegment>& Registry() {
+  static auto* registry = new std::map<std::string, OpenedSegment>();
+  return *registry;
+}
+// The entries held across one fork(), from PrepareFork to the matching after-fork handler.
+std::vector<OpenedSegment>& Forking() {
+  static auto* forking = new std::vector<OpenedSegment>();
+  return *forking;
+}
+
+}  // namespace
+
+LeaseStatus LeaseRegistry::Open(const std::string& group, const std::string& device_key,
+                                const LeaseOptions& options, std::shared_ptr<DeviceLease>* lease,
+                                std::shared_ptr<LinkTurn>* link_turn) {
+  LeaseStatus status = DeviceLease::ValidateName(group, device_key);
+  if (status.ok()) status = DeviceLease::ValidateJob(options.job);
+  const std::string name = SegmentName(group, device_key);
+  SegmentFile file;
+  if (status.ok()) status = ResolveSegmentFile(options.dir, name, options.shared_group, &file);
+  if (!status.ok()) return status;
+  static std::once_flag fork_handlers;
+  std::call_once(fork_handlers, [] {
+    pthread_atfork(PrepareFork, ParentAfterFork, ChildAfterFork);
+  });
+  std::vector<std::string> warnings;
+  {
+    std::lock_guard<std::mutex> registry_lock(RegistryMutex());
+    OpenedSegment* entry = nullptr;
+    if (auto found = Registry().find(file.path); found != Registry().end()) {
+      entry = &found->second;
+      status = entry->segment->AdoptJob(options.job);
+    } else {
+      std::shared_ptr<LeaseSegment> segment;
+      status = LeaseSegment::Open(file, name, options.job, &segment, &warnings);
+      if (status.ok()) {
+        entry = &Registry()[file.path];
+        entry->segment = segment;
+        entry->lease.reset(new DeviceLease(segment));
+        entry->link_turn.reset(new LinkTurn(segment));
+      }
+    }
+    if (status.ok() && lease) *lease = entry->lease;
+    if (status.ok() && link_turn) *link_turn = entry->link_turn;
+  }
+  for (const std::string& w : warnings) EmitWarning(w);
+  return status;
+}
+
+void LeaseRegistry::PrepareFork() {
+  RegistryMutex().lock();
+  for (auto& entry : Registry()) Forking().push_back(entry.second);
+  for (OpenedSegment& entry : Forking()) {
+    entry.lease->LockForFork();
+    entry.link_turn->LockForFork();
+    entry.segment->LockForFork();
+  }
+}
+
+void LeaseRegistry::ParentAfterFork() { AfterFork(false); }
+void LeaseRegistry::ChildAfterFork() { AfterFork(true); }
+
+// In the child, each segment forgets its identity and the lease its hold (they were the
+// parent's); either side then lets go of what PrepareFork took.
+void LeaseRegistry::AfterFork(bool child) {
+  for (OpenedSegment& entry : Forking()) {
+    entry.segment->UnlockAfterFork(child);
+    entry.link_turn->UnlockAfterFork();
+    entry.lease->UnlockAfterFork(child);
+  }
+  Forking().clear();
+  RegistryMutex().unlock();
+}
+
+}  // namespace crossover

@@ -1,0 +1,18 @@
+// The test hooks of lease_test_hooks.h: they reach into the segment the way no caller can.
+#include "lease_test_hooks.h"
+
+#include <unistd.h>
+
+#include "lease_segment.h"
+
+namespace crossover {
+
+void LeaseTestHooks::LockInternal(DeviceLease& lease) {
+  SharedLease* s = lease.segment_->shared();
+  pthread_mutex_lock(&s->mu);
+  s->locker_pid.store(getpid());
+}
+void LeaseTestHooks::SetInitDelayMs(int ms) { SetSegmentInitDelayMs(ms); }
+WaiterQueue& LeaseTestHooks::Queue(DeviceLease& lease) { return lease.segment_->shared()->queue; }
+
+}  // namespace crossover

@@ -1,0 +1,22 @@
+// Hooks for device_lease_test.cc only: they let a test create the rare states (a process
+// stopped or dead inside the critical section, a creator that stalls, a half-updated queue)
+// that the lease must survive. Never used by the op library or the tools.
+#ifndef CROSSOVER_TF_OPS_LEASE_TEST_HOOKS_H_
+#define CROSSOVER_TF_OPS_LEASE_TEST_HOOKS_H_
+
+#include "device_lease.h"
+#include "waiter_queue.h"
+
+namespace crossover {
+
+struct LeaseTestHooks {
+  // Takes the lease's internal mutex and never releases it (the caller then stops or exits).
+  static void LockInternal(DeviceLease& lease);
+  // Makes segment creation pause this long between sizing and initialising the segment.
+  static void SetInitDelayMs(int ms);
+  static WaiterQueue& Queue(DeviceLease& lease);
+};
+
+}  // namespace crossover
+
+#endif  // CROSSOVER_TF_OPS_LEASE_TEST_HOOKS_H_

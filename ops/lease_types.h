@@ -1,0 +1,59 @@
+// What callers of the lease core pass in and get back, shared by the device lease
+// (device_lease.h) and the link turn (link_turn.h): status codes, limits, priority classes and
+// where a segment lives. Plain C++, no TensorFlow.
+#ifndef CROSSOVER_TF_OPS_LEASE_TYPES_H_
+#define CROSSOVER_TF_OPS_LEASE_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace crossover {
+
+enum class LeaseCode {
+  kOk,
+  kInvalidArgument,
+  kDeadlineExceeded,
+  kResourceExhausted,
+  kPermissionDenied,
+  kInternal,
+};
+
+struct LeaseStatus {
+  LeaseCode code = LeaseCode::kOk;
+  std::string message;
+  bool ok() const { return code == LeaseCode::kOk; }
+  static LeaseStatus Ok() { return {}; }
+  static LeaseStatus Error(LeaseCode code, std::string message) { return {code, std::move(message)}; }
+};
+
+// Limits, one source for C++ (the Python side mirrors the name limits in segments.py).
+constexpr size_t kMaxGroupLen = 64;
+constexpr size_t kMaxDeviceKeyLen = 32;
+constexpr size_t kMaxJobLen = 64;   // a member's job label: [A-Za-z0-9_.:@-]
+constexpr const char* kDefaultLeaseDir = "/dev/shm";
+constexpr int kMaxWaiters = 64;     // waiting threads, all processes together
+constexpr int kMaxProcesses = 64;   // processes that have one lease open at once
+constexpr double kMaxTimeoutS = 30.0 * 24 * 3600;  // acquire timeouts above this are refused
+constexpr double kMaxReserveS = 10.0;              // longest reservation a yield may leave
+constexpr int kMaxLinkTurnJobs = 8;                // jobs of one group that take link turns
+
+// Priority classes. Waiters queue by class, FIFO within one: peers of one class go in order;
+// a primary never queues behind a secondary.
+enum LeasePriority : int32_t { kSecondary = 0, kNormal = 1, kPrimary = 2 };
+
+// Where a segment lives and who this process is on it (DeviceLease::Get, LinkTurn::Get).
+struct LeaseOptions {
+  std::string dir;            // "": kDefaultLeaseDir; must exist, on a local file system
+  bool shared_group = false;  // several users: segments 0660, of the directory's group
+  std::string job;            // this process's job label; "": "<host>:<pid>"
+};
+
+// The name of a file system type (statfs f_type) a lease directory must not be on, because
+// the lease's futex and file locks do not work across hosts there; nullptr if it is local.
+const char* NonLocalFileSystem(int64_t f_type);
+
+}  // namespace crossover
+
+#endif  // CROSSOVER_TF_OPS_LEASE_TYPES_H_
