@@ -292,6 +292,7 @@ def _ratio_panel(ax: Any, result: Comparison) -> None:
                     linewidth=3, alpha=0.6, label="95% interval" if not i else None)
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks(range(len(keys)), [k.replace("_over_", " /\n") for k in keys])
+    ax.tick_params(axis="x", rotation=30, labelsize=8)  # five two-line labels in a narrow panel
     ax.set_title(f"ratios over {result.trials} trial(s)")
     ax.legend()
 
