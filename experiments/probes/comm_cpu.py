@@ -42,6 +42,7 @@ import time
 from typing import Any, Iterator, Mapping, Sequence
 
 from crossover_tf_planner.comm_cost import CommCpu, LinkContention, fit, fit_contention
+from experiments.analysis.throughput import fractional_steps
 
 MIN_RUN_S = 2.0
 DEFAULT_MB = 4.0  # allreduce size when the job's own is unknown (the cost is per MB)
@@ -192,10 +193,11 @@ def sharing(solo: Mapping[str, Any], shared: Mapping[str, Mapping[str, Any]]
             ) -> dict[str, Any]:
     """How two concurrent probe jobs shared the link, from their allreduces' (start, end)
     spans: over the window where both were timing, each job's seconds per allreduce (the
-    window over the allreduces it moved in it, counting the parts of those that straddle its
-    edges), and their combined throughput over the solo job's (sum of solo / shared seconds
-    per allreduce). Fractions, not whole allreduces: a link that TCP shares unfairly lets one
-    job finish a single allreduce in the window, and that is a measurement, not an error."""
+    window over the allreduces it moved in it, those its edges cut counted by their fraction,
+    as throughput.fractional_steps counts steps), and their combined throughput over the solo
+    job's (sum of solo / shared seconds per allreduce). Fractions, not whole allreduces: a
+    link that TCP shares unfairly lets one job finish a single allreduce in the window, and
+    that is a measurement, not an error."""
     start = max(p["spans_s"][0][0] for p in shared.values())
     end = min(p["spans_s"][-1][1] for p in shared.values())
     solo_s = solo["wall_s_per_allreduce"]
@@ -211,13 +213,9 @@ def sharing(solo: Mapping[str, Any], shared: Mapping[str, Mapping[str, Any]]
 
 
 def _allreduces_within(spans_s: Sequence[Sequence[float]], start: float, end: float) -> float:
-    """How many allreduces the spans moved between start and end, a straddling one counted by
-    the fraction of its span inside (its bytes move at about an even rate)."""
-    moved = sum((min(e, end) - max(b, start)) / (e - b)
-                for b, e in spans_s if e > b and min(e, end) > max(b, start))
-    if moved <= 0:
-        raise RuntimeError("a probe job moved nothing while both ran: no sharing to measure")
-    return moved
+    """How many allreduces the spans moved between start and end: progress runs from the
+    first allreduce's start through each one's end, as a job's steps run from end to end."""
+    return fractional_steps([spans_s[0][0]] + [e for _, e in spans_s], start, end)
 
 
 def measure_sharing(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
