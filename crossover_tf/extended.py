@@ -89,23 +89,27 @@ class CrossoverExtended:
 
     def _join_group(self) -> list[Any]:
         """Waits until the group's jobs are all on this rank's device lease; every rank raises
-        if any rank's lease stayed short of them (so no rank goes on into a collective that
-        the others left)."""
+        if any rank failed to join, for whatever reason (a short group, a directory that fails
+        the trust rule, a renamed segment), so no rank goes on into a collective that the
+        others left, and no rank is left waiting in this one."""
         assert self.lease is not None
         options = self.lease_options
+        error: Exception | None = None
         try:
             members, problem = self.lease.wait_for_jobs(options.jobs,
-                                                        options.join_timeout_s), ""
-        except lease_lib.GroupIncomplete as err:
-            members, problem = [], str(err)
+                                                        options.join_timeout_s), None
+        except Exception as err:  # noqa: BLE001 -- agreed across ranks, then raised below
+            members, error = [], err
+            problem = (type(err).__name__, getattr(err, "message", None) or str(err))
         problems = (collectives.allgather_objects(problem) if hvd.size() > 1 else [problem])
         failed = [(rank, p) for rank, p in enumerate(problems) if p]
         if failed:
-            rank, first = failed[0]
+            rank, (kind, first) = failed[0]
             ranks = ", ".join(str(r) for r, _ in failed)
-            raise lease_lib.GroupIncomplete(f"crossover_tf: rank(s) {ranks} of this job did "
-                                            f"not find the group's other jobs. Rank {rank}: "
-                                            f"{first}")
+            message = (f"crossover_tf: rank(s) {ranks} of this job could not join the group's "
+                       f"lease. Rank {rank}: {kind}: {first}")
+            incomplete = all(p[0] == lease_lib.GroupIncomplete.__name__ for _, p in failed)
+            raise (lease_lib.GroupIncomplete if incomplete else RuntimeError)(message) from error
         logging.info("crossover_tf: rank %d joined %s with %s", hvd.rank(), self.lease,
                      members)
         return members

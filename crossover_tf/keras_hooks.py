@@ -166,10 +166,12 @@ def release(lease: DeviceLease | None, turn: LinkTurn | None) -> None:
     """Gives up the device and leaves the link turn (each if there is one), for good: a turn
     left for a pause (the last epoch's end) is not resumed by the next fit's first epoch, which
     would join before that fit's broadcast and compile; it joins at its first step instead."""
-    if turn is not None:
-        turn.leave()
-    if lease is not None:
-        lease.release()
+    try:
+        if turn is not None:
+            turn.leave()
+    finally:  # an error leaving the turn must not keep the device from the peer job
+        if lease is not None:
+            lease.release()
 
 
 def guard_fit(model_class: type = keras.Model) -> None:

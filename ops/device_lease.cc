@@ -22,20 +22,26 @@ bool ValidChars(const std::string& s, size_t max_len, bool (*allowed)(char) = Na
   return !s.empty() && s.size() <= max_len && std::all_of(s.begin(), s.end(), allowed);
 }
 
-// Who is live on the segment, read with its mutex held; dead entries are skipped, not repaired.
-LeaseSnapshot TakeSnapshot(int fd, const SharedLease& s) {
+// Who is live on the segment (a member's mapping under the mutex, or an observer's copy);
+// dead entries are skipped, not repaired. slot_alive(i, nonce): slot i is a live member's.
+LeaseSnapshot TakeSnapshot(const SharedLease& s,
+                           const std::function<bool(int, uint64_t)>& slot_alive) {
+  auto live = [&](const Owner& o) {
+    return o.slot >= 0 && o.slot < kMaxProcesses && s.slots[o.slot].nonce == o.nonce &&
+           slot_alive(o.slot, o.nonce);
+  };
   LeaseSnapshot snap;
   for (int i = 0; i < kMaxProcesses; ++i) {
     const Slot& slot = s.slots[i];
-    if (slot.nonce == 0 || !SlotLocked(fd, i)) continue;
-    snap.members.push_back(
-        LeaseMember{ReadJob(slot.job), slot.pid, slot.pid_ns, s.holder.nonce == slot.nonce});
+    if (!slot_alive(i, slot.nonce)) continue;
+    snap.members.push_back(LeaseMember{ReadJob(slot.job), slot.pid, slot.pid_ns,
+                                       !s.holder.empty() && s.holder.nonce == slot.nonce});
   }
-  if (OwnerLive(fd, s.slots, s.holder)) snap.held_since_wall_ns = s.held_since_wall_ns;
-  const int64_t now = MonoNs();
+  if (!s.holder.empty() && live(s.holder)) snap.held_since_wall_ns = s.held_since_wall_ns;
+  const int64_t now = HostMonoNs();
   for (int i = 0; i < std::clamp(s.queue.size, 0, kMaxWaiters); ++i) {
     const Waiter& w = s.queue.entries[i];
-    if (w.deadline_mono_ns < now || !OwnerLive(fd, s.slots, w.who)) continue;
+    if (w.deadline_host_mono_ns < now || w.who.empty() || !live(w.who)) continue;
     snap.queue.push_back(LeaseWaiter{ReadJob(s.slots[w.who.slot].job), w.who.pid,
                                      w.who.pid_ns, w.priority, w.since_wall_ns});
   }
@@ -122,8 +128,11 @@ LeaseStatus DeviceLease::Inspect(const std::string& path, double bound_s, LeaseS
                               "crossover lease inspection bound must be in (0, " +
                                   std::to_string(static_cast<int>(kMaxInspectBoundS)) + "] s");
   }
-  return ReadSegment(path, bound_s,
-                     [out](int fd, const SharedLease& s) { *out = TakeSnapshot(fd, s); });
+  return ReadSegment(path, bound_s, [out](int fd, const SharedLease& s) {
+    *out = TakeSnapshot(s, [fd](int slot, uint64_t nonce) {
+      return nonce != 0 && SlotLocked(fd, slot);
+    });
+  });
 }
 
 // ----- this process's lease ---------------------------------------------------------------
@@ -146,6 +155,21 @@ LeaseStatus DeviceLease::Register() {
   return segment_->Identity(&me);
 }
 
+LeaseStatus DeviceLease::Members(LeaseSnapshot* out) {
+  Owner me;
+  LeaseStatus status = segment_->Identity(&me);
+  if (status.ok()) status = segment_->CheckNamed();
+  if (!status.ok()) return status;
+  SegmentLock locked(segment_.get());
+  status = locked.Lock(MonoNs() + kInternalLockBoundNs);
+  if (!status.ok()) return status;
+  const LeaseSegment* segment = segment_.get();
+  *out = TakeSnapshot(*segment_->shared(), [segment](int slot, uint64_t nonce) {
+    return segment->SlotAlive(slot, nonce);
+  });
+  return LeaseStatus::Ok();
+}
+
 void DeviceLease::UnlockAfterFork(bool child) {
   if (child) stats_.held = false;  // the parent's hold stays the parent's
   local_mu_.unlock();
@@ -159,6 +183,7 @@ LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag, int32_t priority
   if (!status.ok()) return status;
   Owner me;
   status = segment_->Identity(&me);
+  if (status.ok()) status = segment_->CheckNamed();  // a renamed segment: not one lease any more
   if (!status.ok()) return status;
   const int64_t start_mono = MonoNs();
   const int64_t request_wall = WallNs();
@@ -188,7 +213,7 @@ LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag, int32_t priority
 bool DeviceLease::ReservedAgainst(const Owner& me, int32_t priority) const {
   const SharedLease* s = segment_->shared();
   return !s->reserved_for.empty() && !(s->reserved_for == me) &&
-         priority < s->reserved_priority && MonoNs() < s->reserved_until_mono_ns &&
+         priority < s->reserved_priority && HostMonoNs() < s->reserved_until_host_mono_ns &&
          segment_->Alive(s->reserved_for);
 }
 
@@ -215,7 +240,8 @@ LeaseStatus DeviceLease::WaitInQueue(SegmentLock* locked, const Owner& me, int32
     if (ticket == 0 || position < 0) {  // queue up (again, if our entry was dropped)
       if (ticket) locked->Warn("a waiter's queue entry of " + name() + " vanished; requeueing");
       ticket = ++s->next_ticket;
-      if (!s->queue.Push(Waiter{me, ticket, WallNs(), priority, deadline})) {
+      if (!s->queue.Push(
+              Waiter{me, ticket, WallNs(), priority, deadline - TimeNamespaceOffsetNs()})) {
         return LeaseStatus::Error(
             LeaseCode::kResourceExhausted,
             "crossover lease " + name() + " already has " + std::to_string(kMaxWaiters) +
@@ -276,7 +302,8 @@ LeaseStatus DeviceLease::Release(double reserve_s) {
   if (reserve_s > 0) {
     s->reserved_for = me;
     s->reserved_priority = priority;
-    s->reserved_until_mono_ns = released_mono + static_cast<int64_t>(reserve_s * 1e9);
+    s->reserved_until_host_mono_ns =
+        released_mono - TimeNamespaceOffsetNs() + static_cast<int64_t>(reserve_s * 1e9);
   }
   s->holder = Owner{};
   s->wake_seq.fetch_add(1);

@@ -32,8 +32,9 @@
 //    process stopped inside it, e.g. Ctrl-Z, gives a clear error, not a hang).
 //  * fork(): a child never inherits its parent's hold; it gets its own identity on first use.
 //  * Membership: every process that opens the lease is a member, under its job's label kept in
-//    its slot; Inspect() lists the live members, the holder and the queue without joining
-//    (no slot, no creation, no repair, the internal mutex waited for with a bound).
+//    its slot; Members() lists the live members from the mapping this process holds; Inspect()
+//    lists them from a file without joining (read-only, non-blocking: no slot, no creation,
+//    no repair, never the internal mutex).
 #ifndef CROSSOVER_TF_OPS_DEVICE_LEASE_H_
 #define CROSSOVER_TF_OPS_DEVICE_LEASE_H_
 
@@ -115,7 +116,8 @@ class DeviceLease {
   static LeaseStatus SegmentPath(const std::string& dir, const std::string& group,
                                  const std::string& device_key, std::string* path);
   // Reads who is on the segment file at path without becoming a member: it never creates,
-  // claims a slot, or repairs, and waits for the internal mutex at most bound_s.
+  // claims a slot, repairs or blocks (lease_segment.h's ReadSegment); bound_s bounds the
+  // retries for a consistent copy.
   static LeaseStatus Inspect(const std::string& path, double bound_s, LeaseSnapshot* out);
   static LeaseStatus ValidateTimeout(double timeout_s);
   static LeaseStatus ValidatePriority(int64_t priority);
@@ -137,6 +139,9 @@ class DeviceLease {
   // Claims this process's slot (membership) if it has none; Get() already does, so this only
   // matters after fork(). Idempotent.
   LeaseStatus Register();
+  // Who is on the lease, read from the segment this process has mapped (never a file looked
+  // up again by name; an error if the name no longer refers to it): the join check's source.
+  LeaseStatus Members(LeaseSnapshot* out);
 
   LeaseStats Stats() const;
   std::vector<LeaseEvent> Timeline() const;

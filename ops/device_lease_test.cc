@@ -4,6 +4,7 @@
 //
 //   device_lease_test            runs every test
 //   device_lease_test NAME ...   runs the named tests;  --list prints the names
+#include "lease_dir.h"
 #include "lease_test_hooks.h"
 #include "link_turn.h"
 
@@ -199,7 +200,7 @@ void TestQueueRepair() {
   WaiterQueue expiring{};  // a live waiter's entry past its deadline stands for nobody
   for (uint64_t t = 1; t <= 2; ++t) {
     Waiter w = W(t, t);
-    w.deadline_mono_ns = 1000 * t;
+    w.deadline_host_mono_ns = 1000 * t;
     expiring.Push(w);
   }
   EXPECT(expiring.Repair(all_alive, 1500) == 1, "expired entry kept");
@@ -742,7 +743,7 @@ void TestOlderLayoutInUseIsRefused() {
   EXPECT(refused.code == LeaseCode::kPermissionDenied &&
              Contains(refused.message, "found 4800 bytes") &&
              Contains(refused.message, "layout version 3 (legacy") &&
-             Contains(refused.message, "layout version 6") && Contains(refused.message, "in use"),
+             Contains(refused.message, "layout version 7") && Contains(refused.message, "in use"),
          refused.message);
   EXPECT(kept, "a segment in use was replaced");
   const LeaseStatus replaced = DeviceLease::Get(g.group, g.key, &lease);
@@ -780,15 +781,20 @@ void TestLeaseDirectory() {
          s.message);
 }
 
-void TestNetworkFileSystemsRefused() {
+// Only file systems known to be local are accepted (an allowlist): network, cluster and FUSE
+// ones, and any unknown type, are refused.
+void TestOnlyLocalFileSystemsAccepted() {
   for (int64_t magic : {0x6969L, 0x517BL, 0xFF534D42L, 0xFE534D42L, 0x01021997L, 0x00C36400L,
-                        0x65735546L}) {
-    EXPECT(NonLocalFileSystem(magic) != nullptr, "not refused: " << std::hex << magic);
+                        0x65735546L, 0x19830326L /* beegfs */, 0x20030528L /* panfs */,
+                        0x12345678L /* unknown */}) {
+    EXPECT(LocalFileSystem(magic) == nullptr, "accepted: " << std::hex << magic);
   }
   for (int64_t magic : {0x01021994L /* tmpfs */, 0xEF53L /* ext4 */, 0x58465342L /* xfs */}) {
-    EXPECT(NonLocalFileSystem(magic) == nullptr, "refused: " << std::hex << magic);
+    EXPECT(LocalFileSystem(magic) != nullptr, "refused: " << std::hex << magic);
   }
-  EXPECT(std::string(NonLocalFileSystem(0x6969)) == "nfs", "name");
+  EXPECT(std::string(LocalFileSystem(0x01021994)) == "tmpfs", "name");
+  EXPECT(FileSystemText(0x6969) == "nfs (0x6969)", FileSystemText(0x6969));
+  EXPECT(FileSystemText(0x12345678) == "an unknown type (0x12345678)", "unknown");
 }
 
 // Every process that opens the lease is a member under its job label; Inspect lists members,
@@ -901,9 +907,182 @@ void TestGroupMode() {
   int maker_status = 0;
   EXPECT(maker > 0 && waitpid(maker, &maker_status, 0) == maker && maker_status == 0,
          "making the group-mode segment in a child");
+  // Without group mode the group-writable directory itself fails the trust rule, before any
+  // segment is looked at.
   s = DeviceLease::Get(fresh.group, fresh.key, &refused, not_group);
-  EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "permissions 0660"),
+  EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "trust rule") &&
+             Contains(s.message, "writable by its group") && Contains(s.message, "group mode"),
          s.message);
+}
+
+// The trust rule (lease_dir.h), checked on every open: a lease directory that another user
+// owns, or that others may write without the sticky bit (or, in group mode, at all), or with a
+// directory above it that others may write, is refused with the path, its owner and mode and
+// the command that fixes it, and nothing is created in it; a sticky (/dev/shm-like), a private
+// and a proper group directory pass.
+void TestDirectoryTrustRule() {
+  if (geteuid() != 0) {
+    printf("  (skipped: needs root to chown the directory)\n");
+    return;
+  }
+  TempDir parent;
+  const std::string dir = parent.path + "/leases";
+  EXPECT(mkdir(dir.c_str(), 0700) == 0, "mkdir");
+  struct Case {
+    uid_t uid;
+    gid_t gid;
+    mode_t mode;
+    bool group;
+    const char* says;
+  };
+  const Case refused[] = {
+      {65534, 0, 0755, false, "is owned by neither root nor this job's user"},
+      {65534, 65534, 01777, false, "is owned by neither root nor this job's user"},
+      {0, 0, 0777, false, "writable by its group or by others and is not sticky"},
+      {0, 62000, 0770, false, "writable by its group or by others and is not sticky"},
+      {0, 62000, 03777, true, "writable by others"},
+      {0, 62000, 02750, true, "not writable by its group"},
+  };
+  int n = 0;
+  for (const Case& c : refused) {
+    EXPECT(chown(dir.c_str(), c.uid, c.gid) == 0 && chmod(dir.c_str(), c.mode) == 0, "dir");
+    TestGroup g("trust" + std::to_string(n++), dir);
+    g.options.shared_group = c.group;
+    std::shared_ptr<DeviceLease> lease;
+    const LeaseStatus s = DeviceLease::Get(g.group, g.key, &lease, g.options);
+    EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "trust rule") &&
+               Contains(s.message, c.says) && Contains(s.message, dir + " (owner uid " +
+                                                                   std::to_string(c.uid)) &&
+               Contains(s.message, "install -d -m"),
+           "mode " << std::oct << c.mode << ": " << s.message);
+    EXPECT(access(g.Path().c_str(), F_OK) != 0, "a segment was created in a refused directory");
+  }
+  // A directory above the lease directory that others may write: they could swap the lease
+  // directory itself. Sticky, they cannot.
+  EXPECT(chown(dir.c_str(), 0, 0) == 0 && chmod(dir.c_str(), 0700) == 0, "dir");
+  EXPECT(chmod(parent.path.c_str(), 0777) == 0, "parent");
+  TestGroup above("trustabove", dir);
+  std::shared_ptr<DeviceLease> lease;
+  LeaseStatus s = DeviceLease::Get(above.group, above.key, &lease, above.options);
+  EXPECT(s.code == LeaseCode::kPermissionDenied &&
+             Contains(s.message, parent.path + " (owner uid 0") && Contains(s.message, "not sticky"),
+         s.message);
+  EXPECT(chmod(parent.path.c_str(), 01777) == 0, "parent");
+  const Case passed[] = {{0, 0, 01777, false, ""}, {0, 0, 0700, false, ""},
+                         {0, 62000, 02770, true, ""}};
+  for (const Case& c : passed) {
+    EXPECT(chown(dir.c_str(), c.uid, c.gid) == 0 && chmod(dir.c_str(), c.mode) == 0, "dir");
+    TestGroup g("trust" + std::to_string(n++), dir);
+    g.options.shared_group = c.group;
+    auto ok = g.Open();
+    EXPECT(ok->Acquire(1, 0).ok() && ok->Release().ok(), "mode " << std::oct << c.mode);
+  }
+  chmod(parent.path.c_str(), 0700);
+  rmdir(dir.c_str());
+}
+
+// Read what you hold: the member list comes from the mapping this process holds, so a file
+// swapped in under the name (here a copy of the real one, a perfect forgery) never passes a
+// join check; and once the name no longer refers to the mapping, the member list and every
+// acquire are errors, never a silent second lease.
+void TestRenamedSegmentIsAnErrorForItsMembers() {
+  TempDir dir;
+  TestGroup g("renamed", dir.path);
+  auto lease = g.Open("jobA");
+  HolderChild holder(g);  // a second member (a child of jobA, on the same mapping)
+  LeaseSnapshot snap;
+  LeaseStatus s = lease->Members(&snap);
+  EXPECT(s.ok() && snap.members.size() == 2 && snap.held_since_wall_ns > 0,
+         s.message << " / " << snap.members.size() << " members");
+  EXPECT(holder.LetGo() == 0, "holder");
+  const std::string moved = dir.path + "/moved-away";
+  EXPECT(rename(g.Path().c_str(), moved.c_str()) == 0, "rename");
+  const int from = open(moved.c_str(), O_RDONLY), to = open(g.Path().c_str(), O_CREAT | O_WRONLY, 0600);
+  std::vector<char> bytes(1 << 16);
+  const ssize_t n = read(from, bytes.data(), bytes.size());
+  EXPECT(n > 0 && write(to, bytes.data(), n) == n, "copying the segment");
+  close(from);
+  close(to);
+  s = lease->Members(&snap);
+  EXPECT(s.code == LeaseCode::kFailedPrecondition && Contains(s.message, "renamed") &&
+             Contains(s.message, g.Path()),
+         s.message);
+  s = lease->Acquire(1, 0);
+  EXPECT(s.code == LeaseCode::kFailedPrecondition && Contains(s.message, "renamed"), s.message);
+  unlink(moved.c_str());
+}
+
+// The last member out removes the segment (at exit, under the creation flock): a member that
+// leaves while another is live leaves it; the last one removes it.
+void TestLastMemberOutRemovesTheSegment() {
+  TempDir dir;
+  TestGroup g("lastout", dir.path);
+  EXPECT(InChild([&]() -> int {
+           g.Open();
+           exit(0);  // not _exit: the exit handlers run
+         }) == 0,
+         "a lone member");
+  EXPECT(access(g.Path().c_str(), F_OK) != 0, "a lone member's segment was left behind");
+  int go[2];
+  EXPECT(pipe(go) == 0, "pipe");
+  const pid_t first = fork();
+  if (first == 0) {
+    g.Open();
+    char byte;
+    alarm(30);
+    exit(read(go[0], &byte, 1) == 1 ? 0 : 1);
+  }
+  for (int i = 0; i < 500 && access(g.Path().c_str(), F_OK) != 0; ++i) usleep(10000);
+  EXPECT(InChild([&]() -> int {
+           g.Open();
+           exit(0);
+         }) == 0,
+         "the second member");
+  const bool kept = access(g.Path().c_str(), F_OK) == 0;
+  char byte = 'g';
+  EXPECT(write(go[1], &byte, 1) == 1, "pipe");
+  int status = 0;
+  waitpid(first, &status, 0);
+  close(go[0]);
+  close(go[1]);
+  EXPECT(kept, "the segment was removed while a member was live");
+  EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the first member");
+  EXPECT(access(g.Path().c_str(), F_OK) != 0, "the last member's segment was left behind");
+}
+
+// An observer (status, the exporter) never blocks: a member stopped inside the internal lock
+// does not delay it (it copies the segment, never locking it), and a planted file that fails
+// the trust rule is refused at once, with the reason.
+void TestObserverNeverBlocks() {
+  TempDir dir;
+  TestGroup g("observe", dir.path), planted("planted", dir.path);
+  auto lease = g.Open("jobA");
+  const pid_t child = fork();
+  if (child == 0) {
+    auto mine = g.Open();
+    LeaseTestHooks::LockInternal(*mine);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, WUNTRACED);
+  LeaseSnapshot snap;
+  double start = MonoS();
+  const LeaseStatus s = DeviceLease::Inspect(g.Path(), 2, &snap);
+  const double took = MonoS() - start;
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT(s.ok() && snap.members.size() == 1 && snap.members[0].job == "jobA",
+         s.message << " / " << snap.members.size() << " members");
+  EXPECT(took < 0.5, "an observer waited " << took << " s behind a stopped locker");
+  const int fd = open(planted.Path().c_str(), O_CREAT | O_RDWR, 0666);
+  EXPECT(fd >= 0 && fchmod(fd, 0666) == 0 && ftruncate(fd, 1 << 14) == 0, "planting");
+  close(fd);
+  start = MonoS();
+  const LeaseStatus refused = DeviceLease::Inspect(planted.Path(), 2, &snap);
+  EXPECT(refused.code == LeaseCode::kPermissionDenied && Contains(refused.message, "0666"),
+         refused.message);
+  EXPECT(MonoS() - start < 0.5, "refusing took " << MonoS() - start << " s");
 }
 
 const Test kTests[] = {
@@ -928,10 +1107,14 @@ const Test kTests[] = {
      TestWaiterStuckOnInternalLockLeavesNoTicket},
     {"older_layout_in_use_is_refused", TestOlderLayoutInUseIsRefused},
     {"lease_directory", TestLeaseDirectory},
-    {"network_file_systems_refused", TestNetworkFileSystemsRefused},
+    {"only_local_file_systems_accepted", TestOnlyLocalFileSystemsAccepted},
     {"members_and_inspect", TestMembersAndInspect},
     {"job_labels", TestJobLabels},
     {"group_mode", TestGroupMode},
+    {"directory_trust_rule", TestDirectoryTrustRule},
+    {"renamed_segment_is_an_error_for_its_members", TestRenamedSegmentIsAnErrorForItsMembers},
+    {"last_member_out_removes_the_segment", TestLastMemberOutRemovesTheSegment},
+    {"observer_never_blocks", TestObserverNeverBlocks},
 };
 
 }  // namespace

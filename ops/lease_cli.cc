@@ -4,7 +4,11 @@
 //   lease_cli cycles GROUP KEY N HOLD_US OUT [BARRIER_DIR COUNT]
 //       N acquire/hold/release cycles; writes "start_ns end_ns" lines (CLOCK_MONOTONIC) to OUT.
 //   lease_cli hold GROUP KEY READY_FILE        acquire, write READY_FILE, sleep until killed
-//   lease_cli acquire GROUP KEY TIMEOUT OUT    one acquire; writes "ok MONO_NS" or "error MSG"
+//   lease_cli acquire GROUP KEY TIMEOUT OUT    one acquire; writes "ok MONO_NS WALL_NS" or
+//                                              "error MSG" (wall: comparable across time
+//                                              namespaces, where MONO_NS is not)
+//   lease_cli reserve GROUP KEY RESERVE_S READY  acquire as a primary, yield with a reservation
+//                                              of RESERVE_S, write READY, sleep until killed
 //   lease_cli stale-race GROUP TRIALS          two starters on a planted stale segment
 //   lease_cli stress GROUP SECONDS PROCS       workers cycle while random ones are SIGKILLed
 //   lease_cli thread-timeout GROUP             two threads wait behind a peer; one times out
@@ -189,10 +193,24 @@ int AcquireOnce(char** argv) {
   const LeaseStatus status = lease->Acquire(atof(argv[4]), 0);
   std::ofstream out(argv[5]);
   if (status.ok()) {
-    out << "ok " << MonoNs() << "\n";
+    timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    out << "ok " << MonoNs() << " " << int64_t{wall.tv_sec} * 1000000000 + wall.tv_nsec << "\n";
   } else {
     out << "error " << status.message << "\n";
   }
+  return 0;
+}
+
+// A primary that yields with a reservation and stays alive (a dead reserver's reservation does
+// not count), so that a peer's acquire meets the reservation.
+int Reserve(char** argv) {
+  auto lease = Open(argv[2], argv[3]);
+  LeaseStatus status = lease->Acquire(30.0, 0, crossover::kPrimary);
+  if (status.ok()) status = lease->Release(atof(argv[4]));
+  if (!status.ok()) Die(status.message);
+  std::ofstream(argv[5]) << getpid();
+  sleep(120);
   return 0;
 }
 
@@ -460,6 +478,7 @@ int main(int argc, char** argv) {
   if (mode == "cycles" && argc >= 7) return Cycles(argv, argc);
   if (mode == "hold" && argc == 5) return Hold(argv);
   if (mode == "acquire" && argc == 6) return AcquireOnce(argv);
+  if (mode == "reserve" && argc == 6) return Reserve(argv);
   if (mode == "stale-race" && argc == 4) return StaleRace(argv);
   if (mode == "stress" && argc == 5) return Stress(argv);
   if (mode == "thread-timeout" && argc == 3) return ThreadTimeout(argv);

@@ -22,8 +22,17 @@ inline int64_t NowNs(clockid_t clock) {
   clock_gettime(clock, &ts);
   return int64_t{ts.tv_sec} * kNsPerS + ts.tv_nsec;
 }
-// CLOCK_MONOTONIC: one clock for every process of the host, used for deadlines.
+// CLOCK_MONOTONIC as this process reads it: for its own waits and bounds (the deadlines that
+// pthread_mutex_clocklock and futex take are in it).
 inline int64_t MonoNs() { return NowNs(CLOCK_MONOTONIC); }
+// How far this process's time namespace moves CLOCK_MONOTONIC (/proc/self/timens_offsets; 0
+// outside a time namespace). Read once: a process changes time namespace only at exec.
+int64_t TimeNamespaceOffsetNs();
+// CLOCK_MONOTONIC as the host reads it, whatever time namespace this process is in: the one
+// clock every member of a lease reads alike. Every time a segment stores for other processes
+// to compare (queue deadlines, reservations) is in it; a member in a time namespace would
+// otherwise see a free device as reserved, or a peer's live ticket as expired.
+inline int64_t HostMonoNs() { return MonoNs() - TimeNamespaceOffsetNs(); }
 // CLOCK_REALTIME: for timelines, so that two processes' events line up.
 inline int64_t WallNs() { return NowNs(CLOCK_REALTIME); }
 inline timespec ToTimespec(int64_t ns) {

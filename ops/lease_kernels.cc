@@ -37,6 +37,8 @@ absl::Status ToTf(const LeaseStatus& s) {
       return absl::ResourceExhaustedError(s.message);
     case LeaseCode::kPermissionDenied:
       return absl::PermissionDeniedError(s.message);
+    case LeaseCode::kFailedPrecondition:
+      return absl::FailedPreconditionError(s.message);
     case LeaseCode::kInternal:
       break;
   }
@@ -243,7 +245,28 @@ std::array<int64_t, 4> WaiterRow(const LeaseWaiter& w) {
   return {w.pid, static_cast<int64_t>(w.pid_ns), w.priority, w.since_wall_ns};
 }
 
-// Reads a segment file as an observer (DeviceLease::Inspect): never a member, never creating.
+// Writes a snapshot as the five outputs CrossoverLeaseMembers and CrossoverLeaseInspect share.
+void OutputSnapshot(OpKernelContext* ctx, const LeaseSnapshot& snap) {
+  OutputRows<3>(ctx, 0, snap.members, MemberRow);
+  OutputRows<4>(ctx, 2, snap.queue, WaiterRow);
+  Tensor* held_since = nullptr;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &held_since));
+  held_since->scalar<int64_t>()() = snap.held_since_wall_ns;
+}
+
+// Reads the segment this process has mapped (DeviceLease::Members): the join check's source.
+class LeaseMembersOp : public LeaseKernel {
+ public:
+  using LeaseKernel::LeaseKernel;
+  void Compute(OpKernelContext* ctx) override {
+    LeaseSnapshot snap;
+    OP_REQUIRES_OK(ctx, ToTf(core_->Members(&snap)));
+    OutputSnapshot(ctx, snap);
+  }
+};
+
+// Reads a segment file as an observer (DeviceLease::Inspect): never a member, never creating,
+// never blocking.
 class InspectLeaseOp : public OpKernel {
  public:
   explicit InspectLeaseOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -253,11 +276,7 @@ class InspectLeaseOp : public OpKernel {
     LeaseSnapshot snap;
     const std::string path(ctx->input(0).scalar<tensorflow::tstring>()());
     OP_REQUIRES_OK(ctx, ToTf(DeviceLease::Inspect(path, bound_s_, &snap)));
-    OutputRows<3>(ctx, 0, snap.members, MemberRow);
-    OutputRows<4>(ctx, 2, snap.queue, WaiterRow);
-    Tensor* held_since = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &held_since));
-    held_since->scalar<int64_t>()() = snap.held_since_wall_ns;
+    OutputSnapshot(ctx, snap);
   }
 
  private:
@@ -304,6 +323,7 @@ REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnWait").Device(DEVICE_CPU), LinkTu
 REGISTER_KERNEL_BUILDER(Name("CrossoverLinkTurnDone").Device(DEVICE_CPU), LinkTurnDoneOp);
 REGISTER_KERNEL_BUILDER(Name("CrossoverLeaseRegister").Device(DEVICE_CPU), RegisterLeaseOp);
 REGISTER_KERNEL_BUILDER(Name("CrossoverLeaseInspect").Device(DEVICE_CPU), InspectLeaseOp);
+REGISTER_KERNEL_BUILDER(Name("CrossoverLeaseMembers").Device(DEVICE_CPU), LeaseMembersOp);
 
 // GPU: the pass-through tensors stay in device memory (forwarded, never copied); only the
 // lease bookkeeping runs on the host. Stats, timeline, join, start and leave are host-only.

@@ -22,6 +22,30 @@ uint64_t PidNamespace() {
   return open ? std::strtoull(open + 1, nullptr, 10) : 0;
 }
 
+namespace {
+
+int64_t ReadTimeNamespaceOffsetNs() {
+  FILE* f = fopen("/proc/self/timens_offsets", "re");
+  if (f == nullptr) return 0;  // no time namespaces on this kernel
+  char clock[32];
+  long long seconds = 0, nanoseconds = 0;
+  int64_t offset = 0;
+  while (fscanf(f, "%31s %lld %lld", clock, &seconds, &nanoseconds) == 3) {
+    if (strcmp(clock, "monotonic") == 0 || strcmp(clock, "1") == 0) {
+      offset = static_cast<int64_t>(seconds) * kNsPerS + nanoseconds;
+    }
+  }
+  fclose(f);
+  return offset;
+}
+
+}  // namespace
+
+int64_t TimeNamespaceOffsetNs() {
+  static const int64_t offset = ReadTimeNamespaceOffsetNs();
+  return offset;
+}
+
 // A seeded generator's state would be copied by fork(), and a parent and child could then
 // draw the same identity: hence fresh kernel randomness per call.
 uint64_t RandomNonce() {

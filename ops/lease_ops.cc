@@ -136,6 +136,31 @@ Makes this process a member of the lease (claims its slot, with its job label) n
 than at its first acquire. Idempotent; never holds the device.
 )doc");
 
+// The same outputs as CrossoverLeaseInspect: [pid, pid_ns, holding] and [pid, pid_ns,
+// priority, since_ns] rows with their job labels, and since when the holder holds.
+absl::Status SnapshotShapes(InferenceContext* c) {
+  c->set_output(0, c->Matrix(c->UnknownDim(), 3));
+  c->set_output(1, c->Vector(c->UnknownDim()));
+  c->set_output(2, c->Matrix(c->UnknownDim(), 4));
+  c->set_output(3, c->Vector(c->UnknownDim()));
+  c->set_output(4, c->Scalar());
+  return absl::OkStatus();
+}
+
+LEASE_OP("CrossoverLeaseMembers")
+    .Output("members: int64")
+    .Output("member_jobs: string")
+    .Output("waiters: int64")
+    .Output("waiter_jobs: string")
+    .Output("held_since_ns: int64")
+    .SetShapeFn(SnapshotShapes)
+    .Doc(R"doc(
+Who is on the lease this process is a member of (it registers first), read from the segment it
+has mapped, never from a file looked up again by name: the group's join check reads this. Fails
+(FAILED_PRECONDITION) if the segment's name no longer refers to that segment (renamed or
+replaced while in use). Outputs as CrossoverLeaseInspect's. Never holds the device.
+)doc");
+
 REGISTER_OP("CrossoverLeaseInspect")
     .Input("path: string")
     .Output("members: int64")
@@ -145,17 +170,12 @@ REGISTER_OP("CrossoverLeaseInspect")
     .Output("held_since_ns: int64")
     .Attr("bound_seconds: float = 2")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Matrix(c->UnknownDim(), 3));
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      c->set_output(2, c->Matrix(c->UnknownDim(), 4));
-      c->set_output(3, c->Vector(c->UnknownDim()));
-      c->set_output(4, c->Scalar());
-      return absl::OkStatus();
-    })
+    .SetShapeFn(SnapshotShapes)
     .Doc(R"doc(
-Who is on the lease segment file at `path`, read without becoming a member (no slot, no
-creation, no repair; the internal mutex is waited for at most bound_seconds): the live members
+Who is on the lease segment file at `path`, read without becoming a member and without ever
+waiting on it. The directory and the file must pass the observer's trust rule; the file is
+opened read-only and non-blocking and copied, never mapped or locked (no slot, no creation, no
+repair; bound_seconds bounds the retries for a consistent copy). Outputs: the live members
 [pid, pid_ns, holding] and their job labels, the waiting threads in queue order
 [pid, pid_ns, priority, since_ns] and their job labels, and since when the holder holds
 (CLOCK_REALTIME ns; 0: free). Never holds the device.

@@ -2,6 +2,7 @@
 #include "lease_registry.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 #include <map>
 #include <mutex>
@@ -47,9 +48,10 @@ LeaseStatus LeaseRegistry::Open(const std::string& group, const std::string& dev
   SegmentFile file;
   if (status.ok()) status = ResolveSegmentFile(options.dir, name, options.shared_group, &file);
   if (!status.ok()) return status;
-  static std::once_flag fork_handlers;
-  std::call_once(fork_handlers, [] {
+  static std::once_flag process_handlers;
+  std::call_once(process_handlers, [] {
     pthread_atfork(PrepareFork, ParentAfterFork, ChildAfterFork);
+    atexit(RemoveSegmentsLeftLast);
   });
   std::vector<std::string> warnings;
   {
@@ -73,6 +75,15 @@ LeaseStatus LeaseRegistry::Open(const std::string& group, const std::string& dev
   }
   for (const std::string& w : warnings) EmitWarning(w);
   return status;
+}
+
+// The last member out removes the segment, so that none outlives its group. A process that is
+// killed cannot: the next group to use the name reuses the file, and the last out of that one
+// removes it.
+void LeaseRegistry::RemoveSegmentsLeftLast() {
+  std::unique_lock<std::mutex> registry_lock(RegistryMutex(), std::try_to_lock);
+  if (!registry_lock.owns_lock()) return;  // another thread is inside: never wait at exit
+  for (auto& entry : Registry()) entry.second.segment->RemoveIfLast();
 }
 
 void LeaseRegistry::PrepareFork() {

@@ -21,7 +21,8 @@ class LeaseRegistry {
   // keeps the ownership rule it was opened with, and stays open until the process exits: a
   // process stays a member of every segment it joined. The TF kernels that reference a lease
   // come and go (tf.random.set_seed clears the eager kernel cache), and a member that vanished
-  // meanwhile would fail its peers' join check while it waits for them at a barrier.
+  // meanwhile would fail its peers' join check while it waits for them at a barrier. At exit,
+  // the last member of a segment removes it (RemoveSegmentsLeftLast).
   static LeaseStatus Open(const std::string& group, const std::string& device_key,
                           const LeaseOptions& options, std::shared_ptr<DeviceLease>* lease,
                           std::shared_ptr<LinkTurn>* link_turn);
@@ -33,6 +34,8 @@ class LeaseRegistry {
   static void ParentAfterFork();
   static void ChildAfterFork();
   static void AfterFork(bool child);
+  // At exit: removes each open segment that no other process is live on.
+  static void RemoveSegmentsLeftLast();
 };
 
 }  // namespace crossover

@@ -5,7 +5,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -133,6 +135,45 @@ bool LeaseSegment::Alive(const Owner& o) const {
   return OwnerLive(lock_fd_, shared_->slots, o);
 }
 
+bool LeaseSegment::SlotAlive(int slot, uint64_t nonce) const {
+  // Our own slot's lock is held through lock_fd_, where it never shows as a conflict.
+  return nonce != 0 && (nonce == my_nonce_.load() || SlotLocked(lock_fd_, slot));
+}
+
+LeaseStatus LeaseSegment::CheckNamed() const {
+  struct stat held, named;
+  if (lock_fd_ >= 0 && fstat(lock_fd_, &held) == 0 && lstat(path_.c_str(), &named) == 0 &&
+      held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
+    return LeaseStatus::Ok();
+  }
+  return LeaseStatus::Error(
+      LeaseCode::kFailedPrecondition,
+      "crossover lease segment " + path_ + " was renamed, removed or replaced while this job "
+      "had it open: the jobs of the group are no longer on one lease, so two of them could "
+      "hold the device at once. Stop the group's jobs and check who can write to the lease "
+      "directory (the trust rule, docs/deploying.md)");
+}
+
+void LeaseSegment::RemoveIfLast() {
+  // At exit another thread may be anywhere: never wait for it.
+  std::unique_lock<std::mutex> local(identity_mu_, std::try_to_lock);
+  if (!local.owns_lock() || lock_fd_ < 0) return;
+  const int64_t deadline = MonoNs() + kRemoveBoundNs;
+  while (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if ((errno != EWOULDBLOCK && errno != EINTR) || MonoNs() >= deadline) return;
+    usleep(1000);
+  }
+  // Any lock by another open file description (a member's presence or slot, an opener past
+  // the flock) means someone is live on it. Opening files hold the flock until they are.
+  struct stat held, named;
+  if (LiveProcess(lock_fd_).empty() && fstat(lock_fd_, &held) == 0 &&
+      lstat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+      held.st_dev == named.st_dev) {
+    unlink(path_.c_str());  // may fail (a sticky directory, another member's file): harmless
+  }
+  flock(lock_fd_, LOCK_UN);
+}
+
 LeaseStatus LeaseSegment::AdoptJob(const std::string& job) {
   if (job.empty()) return LeaseStatus::Ok();
   std::lock_guard<std::mutex> local(identity_mu_);
@@ -213,7 +254,7 @@ void SegmentLock::DropDead() {
   }
   // Expired entries go too: a waiter that could not take this lock by its deadline (a
   // process stopped inside it) returned without removing its ticket, and lives on.
-  repaired += s_->queue.Repair(alive, MonoNs());
+  repaired += s_->queue.Repair(alive, HostMonoNs());
   for (int i = 0; i < kMaxLinkTurnJobs; ++i) {
     LinkTurnEntry& e = s_->link_turns[i];
     if (e.state != kLinkTurnFree && !alive(e.who)) {

@@ -13,11 +13,21 @@
 //  * Builds of another segment layout on the same device (jobs of two versions): the layout
 //    version sits in a fixed header, and a segment of another layout is replaced only when no
 //    process holds a lock on any byte of it; while one does, opening fails naming both layouts.
-//  * A local file system: a lease directory on a network (or FUSE) file system is refused,
-//    since the futex and the file locks do not work across hosts.
-//  * Several users (LeaseOptions::shared_group): segment files are 0660 and belong to the
-//    directory's group; a segment of another group or with other bits is refused, never
+//  * A local file system: a lease directory must be on a file system known to be local (an
+//    allowlist, lease_dir.h), since the futex and the file locks do not work across hosts.
+//  * Trust (lease_dir.h): the directory, every directory above it and the segment file pass
+//    the trust rule on every open, so no other user can rename, replace or plant a segment.
+//    Several users (LeaseOptions::shared_group) share a lease in a directory of their group:
+//    segment files are 0660 and belong to that group; any other file is refused, never
 //    deleted (without group mode: a segment not ours or not 0600, likewise).
+//  * Read what you hold: the join check and the member list read the mapping this process
+//    holds, never a file looked up again by name, and every acquire checks that the name
+//    still refers to it (CheckNamed): a segment renamed or replaced while in use is an error
+//    for every member, not a silent second lease.
+//  * Space before use: a fresh segment's blocks are allocated before it is mapped, so a full
+//    directory is a clear error that leaves no file behind, never a SIGBUS.
+//  * The last member out removes the segment (RemoveIfLast, at exit), under the flock that
+//    guards creation, so no segment outlives its group.
 //  * Membership: every process that opens the segment is a member, under its job's label kept
 //    in its slot (lease_liveness.h); fork(): a child never inherits its parent's identity, it
 //    claims its own on first use.
@@ -48,6 +58,7 @@ constexpr int64_t kPollNs = 20 * 1000 * 1000;  // liveness re-check period while
 // stopped or wedged inside the mutex then turns into an error after this long, never a hang.
 constexpr int64_t kInternalLockBoundNs = 10 * kNsPerS;
 constexpr int64_t kLockGraceNs = 200 * 1000 * 1000;  // internal-lock wait past a passed deadline
+constexpr int64_t kRemoveBoundNs = kNsPerS;  // the last member's wait for the creation flock
 
 // One job's place in the link turn order on this host (see LinkTurn).
 enum LinkTurnState : int32_t { kLinkTurnFree = 0, kLinkTurnJoining = 1, kLinkTurnActive = 2 };
@@ -82,7 +93,7 @@ struct SharedLease {
   int64_t held_since_wall_ns;
   Owner last_holder;
   Owner reserved_for;              // see DeviceLease::Release(reserve_s)
-  int64_t reserved_until_mono_ns;
+  int64_t reserved_until_host_mono_ns;  // HostMonoNs
   int32_t reserved_priority;
   uint64_t next_ticket;
   WaiterQueue queue;
@@ -115,9 +126,11 @@ LeaseStatus ResolveSegmentFile(const std::string& dir, const std::string& name,
 // mapping. What it replaced goes to warnings.
 LeaseStatus OpenSegment(const SegmentFile& file, int* fd_out, SharedLease** shared_out,
                         std::vector<std::string>* warnings);
-// Runs read on the segment file at path like a member would, minus everything that makes one:
-// a fresh open file description (no presence or slot lock, so it counts for nobody), no
-// creation, no repair, the mutex waited for at most bound_s and held while read runs.
+// Runs read on a copy of the segment file at path, as an observer (status, the exporter): the
+// directory and the file must pass the observer's trust rule (lease_dir.h); the file is opened
+// read-only and non-blocking, never mapped, its mutex never taken, and nothing is created,
+// claimed or repaired. fd (no locks of its own, so it counts for nobody) tells slot liveness.
+// It never blocks: two copies are read until they agree, for at most bound_s.
 LeaseStatus ReadSegment(const std::string& path, double bound_s,
                         const std::function<void(int fd, const SharedLease& s)>& read);
 
@@ -140,6 +153,13 @@ class LeaseSegment {
   // one (rewriting its slot's label), and a second, different explicit label is an error.
   LeaseStatus AdoptJob(const std::string& job);
   bool Alive(const Owner& o) const;
+  // Whether slot i holds a live member (this process's own slot included).
+  bool SlotAlive(int slot, uint64_t nonce) const;
+  // An error unless the segment's name still refers to the file this process has mapped.
+  LeaseStatus CheckNamed() const;
+  // Removes the segment's name if no other process is live on it, under the creation flock
+  // (bounded); a no-op if another is, or if the flock cannot be had in time. For exit.
+  void RemoveIfLast();
   void CountRecoveries(int repaired);
   uint64_t recoveries() const { return recoveries_.load(); }
 

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "lease_dir.h"
 #include "lease_segment.h"
 
 namespace crossover {
@@ -27,9 +29,11 @@ namespace {
 // was "CROSSOV<version>" and their size sat where the version is now (see ReadLayout).
 constexpr uint64_t kMagic = 0x5341454c534f5243ULL;  // "CROSLEAS": never changes
 #ifdef CROSSOVER_LEASE_TEST_LAYOUT_PAD
-constexpr uint32_t kLayoutVersion = 1006;  // a test build with another layout (ops/Makefile)
+constexpr uint32_t kLayoutVersion = 1007;  // a test build with another layout (ops/Makefile)
 #else
-constexpr uint32_t kLayoutVersion = 6;  // 6: slots carry their member's job label
+// 6: slots carry their member's job label; 7: queue deadlines and reservations on the host's
+// CLOCK_MONOTONIC (HostMonoNs), whatever a member's time namespace.
+constexpr uint32_t kLayoutVersion = 7;
 #endif
 constexpr uint64_t kLegacyMagicMask = 0x00ffffffffffffffULL;  // "CROSSOV" without the digit
 constexpr uint64_t kLegacyMagicPrefix = 0x00564f53534f5243ULL;
@@ -45,39 +49,6 @@ void SetSegmentInitDelayMs(int ms) { g_init_delay_ms.store(ms); }
 std::string SegmentName(const std::string& group, const std::string& device_key) {
   return "/crossover." + group + "." + device_key;
 }
-
-// File systems whose futexes or file locks do not work across hosts (or, for FUSE, depend on
-// a daemon that may not implement them): a lease there would exclude nobody on another host,
-// silently. Refused, not warned: a false refusal is loud and fixable, a false pass is not.
-// crossover_tf/lease/segments.py keeps the same table.
-const char* NonLocalFileSystem(int64_t f_type) {
-  switch (static_cast<uint32_t>(f_type)) {
-    case 0x6969: return "nfs";
-    case 0x517B: return "smb";
-    case 0xFF534D42: return "cifs";
-    case 0xFE534D42: return "smb2";
-    case 0x01021997: return "9p";
-    case 0x00C36400: return "ceph";
-    case 0x65735546: return "fuse";
-    case 0x5346414F: return "afs";
-    case 0x73757245: return "coda";
-    case 0x0BD00BD0: return "lustre";
-    case 0x47504653: return "gpfs";
-    case 0x01161970: return "gfs2";
-    case 0x7461636F: return "ocfs2";
-    default: return nullptr;
-  }
-}
-
-namespace {
-
-std::string Octal(unsigned value, const char* format = "%04o") {
-  char text[16];
-  snprintf(text, sizeof(text), format, value);
-  return text;
-}
-
-}  // namespace
 
 LeaseStatus ResolveSegmentFile(const std::string& dir_in, const std::string& name,
                                bool shared_group, SegmentFile* out) {
@@ -96,16 +67,20 @@ LeaseStatus ResolveSegmentFile(const std::string& dir_in, const std::string& nam
   }
   struct statfs fs;
   if (statfs(real, &fs) != 0) return Internal("statfs " + dir);
-  if (const char* kind = NonLocalFileSystem(fs.f_type)) {
+  if (LocalFileSystem(fs.f_type) == nullptr) {
     return LeaseStatus::Error(
         LeaseCode::kInvalidArgument,
-        "crossover lease directory " + dir + " is on a " + kind + " file system (f_type " +
-            Octal(static_cast<uint32_t>(fs.f_type), "0x%x") + "), not a local one: the "
-            "lease's futex and file locks do not work across hosts, so jobs that share this "
+        "crossover lease directory " + dir + " is on " + FileSystemText(fs.f_type) + ", not a "
+            "file system known to be local (tmpfs, ext4, xfs, btrfs, zfs, f2fs, overlayfs): "
+            "the lease's futex, shared mapping and file locks must be coherent among the "
+            "host's processes, and on a network or cluster file system jobs that share this "
             "directory from two hosts would compute at once without an error. Use a directory "
             "on a local file system of this host that every job of the group on it sees (a "
             "tmpfs such as /dev/shm, or a local disk)");
   }
+  const LeaseStatus trusted =
+      CheckDirTrust(real, shared_group ? DirUse::kGroup : DirUse::kPrivate);
+  if (!trusted.ok()) return trusted;
   out->dir = real;
   out->path = (out->dir == "/" ? "" : out->dir) + name;
   out->shared_group = shared_group;
@@ -119,7 +94,9 @@ namespace {
 
 // a file it cannot open or must refuse.
 int OpenOrCreate(const SegmentFile& file) {
-  constexpr int kFlags = O_RDWR | O_CLOEXEC | O_NOFOLLOW;
+  // O_NONBLOCK: a file held under another process's write lease (F_SETLEASE) fails the open
+  // at once instead of blocking it for the lease-break time.
+  constexpr int kFlags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
   if (!file.shared_group) return open(file.path.c_str(), kFlags | O_CREAT, 0600);
   for (int attempt = 0; attempt < 3; ++attempt) {
     const int fd = open(file.path.c_str(), kFlags);
@@ -141,15 +118,28 @@ int OpenOrCreate(const SegmentFile& file) {
 }
 
 LeaseStatus OpenError(const SegmentFile& file) {
+  const int error = errno;
   std::string msg = Errno("crossover lease: cannot open segment " + file.path);
-  if (errno != EACCES && errno != EPERM) return LeaseStatus::Error(LeaseCode::kInternal, msg);
+  if (error != EACCES && error != EPERM) return LeaseStatus::Error(LeaseCode::kInternal, msg);
+  struct stat st;
+  if (lstat(file.path.c_str(), &st) != 0 && errno == ENOENT) {  // nothing there: the directory
+    return LeaseStatus::Error(
+        LeaseCode::kPermissionDenied,
+        "crossover lease: cannot create segment " + file.path + ": the lease directory " +
+            file.dir + " is not writable by this process (uid " + std::to_string(geteuid()) +
+            "). Make it writable by every job of the group on this host (docs/deploying.md: "
+            "`install -d -m 1777 DIR` as root, `install -d -m 0700 DIR` as the jobs' user, or "
+            "group mode in `install -d -m 2770 -g GROUP DIR`)");
+  }
+  errno = error;
   if (file.shared_group) {
     msg += "; in group mode (shared_group) every job's user must be a member of the group of "
            "the lease directory " + file.dir + " (gid " + std::to_string(file.dir_gid) +
            "), which must let that group in (e.g. mode 2770)";
   } else {
-    msg += "; it belongs to another user: jobs of several users share a lease in group mode "
-           "(shared_group), in a directory of a group they all belong to";
+    msg += "; it belongs to another user (" + DescribeFile(file.path, st) + "): jobs of several "
+           "users share a lease in group mode (shared_group), in a directory of a group they "
+           "all belong to";
   }
   return LeaseStatus::Error(LeaseCode::kPermissionDenied, msg);
 }
@@ -183,53 +173,6 @@ LeaseStatus FlockBounded(int fd, const std::string& path, int64_t deadline) {
     }
     usleep(sleep_us);
   }
-}
-
-// Group mode: the segment belongs to the lease directory's group and is 0660, whoever of
-// the group made it; anything else could be another group's and is refused, never deleted.
-LeaseStatus CheckGroupOwnership(const struct stat& st, const SegmentFile& file) {
-  if (st.st_gid != file.dir_gid) {
-    return LeaseStatus::Error(
-        LeaseCode::kPermissionDenied,
-        file.path + " belongs to group " + std::to_string(st.st_gid) + ", not to the group of "
-            "its lease directory (gid " + std::to_string(file.dir_gid) + "): in group mode a "
-            "lease segment must belong to the lease directory's group. Another group's jobs "
-            "use this name, or the file is stale: use another lease directory or group name, "
-            "or remove the file if no job uses it");
-  }
-  if ((st.st_mode & 07777) != 0660) {
-    return LeaseStatus::Error(
-        LeaseCode::kPermissionDenied,
-        file.path + " has permissions " + Octal(st.st_mode & 07777) + "; in group mode a "
-            "lease segment must be 0660 (its owner and the directory's group, nobody else). "
-            "Remove the file (no job should be using it) and start again");
-  }
-  return LeaseStatus::Ok();
-}
-
-// A lease segment must be ours alone (or, in group mode, our group's): another user's segment
-// could be used to stall or fake our jobs' turns, so refuse it rather than share or delete it.
-LeaseStatus CheckOwnership(const struct stat& st, const SegmentFile& file) {
-  const std::string& path = file.path;
-  if (!S_ISREG(st.st_mode)) {
-    return LeaseStatus::Error(LeaseCode::kPermissionDenied, path + " is not a regular file");
-  }
-  if (file.shared_group) return CheckGroupOwnership(st, file);
-  if (st.st_uid != geteuid()) {
-    return LeaseStatus::Error(
-        LeaseCode::kPermissionDenied,
-        path + " belongs to uid " + std::to_string(st.st_uid) + ", not to this process (uid " +
-            std::to_string(geteuid()) + "): another user uses this group name; pick another "
-            "group, or remove the file if it is stale");
-  }
-  if ((st.st_mode & 077) != 0) {
-    return LeaseStatus::Error(
-        LeaseCode::kPermissionDenied,
-        path + " has permissions " + Octal(st.st_mode & 07777) + "; a lease segment must be "
-        "private to its owner (0600), unless jobs of several users share it in group mode "
-        "(shared_group). Remove the file (no job should be using it) and start again");
-  }
-  return LeaseStatus::Ok();
 }
 
 // True if the name still refers to the inode we hold open (it was not replaced meanwhile).
@@ -305,6 +248,27 @@ bool IsOurLayout(const SharedLease* s) {
 
 }  // namespace
 
+// Gives a fresh (empty) segment file its blocks before it is mapped: a sparse file on a full
+// file system would kill the first process that writes to the mapping with SIGBUS, and stay
+// behind to kill the next. On failure the fresh file, whose flock we hold, is removed.
+LeaseStatus AllocateFresh(int fd, const SegmentFile& file) {
+  const int rc = posix_fallocate(fd, 0, sizeof(SharedLease));
+  if (rc == 0) return LeaseStatus::Ok();
+  unlink(file.path.c_str());  // ours: fresh, under our flock, and the name refers to it
+  struct statvfs vfs;
+  std::string free_text = "unknown";
+  if (statvfs(file.dir.c_str(), &vfs) == 0) {
+    free_text = std::to_string(static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize) +
+                " bytes free";
+  }
+  return LeaseStatus::Error(
+      rc == ENOSPC || rc == EDQUOT ? LeaseCode::kResourceExhausted : LeaseCode::kInternal,
+      "crossover lease: cannot allocate " + std::to_string(sizeof(SharedLease)) + " bytes for "
+          "segment " + file.path + ": " + strerror(rc) + " (lease directory " + file.dir +
+          ": " + free_text + "). Free space there, or point CROSSOVER_LEASE_DIR at a "
+          "directory with room (Docker's default /dev/shm is 64 MB: --shm-size)");
+}
+
 // Everything that decides what the segment is happens under flock() on its inode, so
 // concurrent starters agree on one segment: a creator holds the lock until the segment is
 // initialised, and only the holder of the lock on the inode the name currently refers to may
@@ -320,18 +284,25 @@ LeaseStatus OpenSegment(const SegmentFile& file, int* fd_out, SharedLease** shar
       close(fd);
       return status;
     };
-    LeaseStatus status = FlockBounded(fd, path, deadline);
-    if (!status.ok()) return fail(status);
+    // The trust rule before the flock: a file planted by someone else, and held under their
+    // flock, must be refused at once, not waited for.
     struct stat st;
     if (fstat(fd, &st) != 0) return fail(Internal("fstat " + path));
-    status = CheckOwnership(st, file);
+    LeaseStatus status =
+        CheckSegmentTrust(path, st, file.dir_gid, file.shared_group, /*observer=*/false);
     if (!status.ok()) return fail(status);
+    status = FlockBounded(fd, path, deadline);
+    if (!status.ok()) return fail(status);
+    if (fstat(fd, &st) != 0) return fail(Internal("fstat " + path));
     if (!NameRefersTo(path, st)) {  // replaced by a repairer while we waited for the lock
       close(fd);
       continue;
     }
     const bool fresh = st.st_size == 0;
-    if (fresh && ftruncate(fd, sizeof(SharedLease)) != 0) return fail(Internal("ftruncate"));
+    if (fresh) {
+      status = AllocateFresh(fd, file);
+      if (!status.ok()) return fail(status);
+    }
     if (fresh || st.st_size == static_cast<off_t>(sizeof(SharedLease))) {
       void* p = mmap(nullptr, sizeof(SharedLease), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (p == MAP_FAILED) return fail(Internal("mmap " + path));
@@ -373,51 +344,100 @@ LeaseStatus OpenSegment(const SegmentFile& file, int* fd_out, SharedLease** shar
                                                       std::to_string(kOpenAttempts) + " tries");
 }
 
+namespace {
+
+// The bytes of the state an observer reads (everything after the internal mutex's words), so
+// that two copies can be compared without the mutex and its futex word, which change on
+// every take.
+std::pair<size_t, size_t> ObservedBytes(const SharedLease& s) {
+  const char* base = reinterpret_cast<const char*>(&s);
+  const size_t begin = reinterpret_cast<const char*>(&s.holder) - base;
+  return {begin, sizeof(SharedLease) - begin};
+}
+
+LeaseStatus PreadAll(int fd, unsigned char* buf, const std::string& path) {
+  size_t done = 0;
+  while (done < sizeof(SharedLease)) {
+    const ssize_t n = pread(fd, buf + done, sizeof(SharedLease) - done, done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                                "lease segment " + path + " became shorter while read (" +
+                                    (n < 0 ? std::string(strerror(errno)) : "truncated") + ")");
+    }
+    done += n;
+  }
+  return LeaseStatus::Ok();
+}
+
+}  // namespace
+
 LeaseStatus ReadSegment(const std::string& path, double bound_s,
                         const std::function<void(int fd, const SharedLease& s)>& read) {
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+  bool group_mode = false;
+  LeaseStatus status = CheckDirTrust(dir, DirUse::kObserve, &group_mode);
+  if (!status.ok()) return status;
+  struct stat named, st, dir_st;
+  if (lstat(path.c_str(), &named) != 0) {
     return LeaseStatus::Error(errno == ENOENT ? LeaseCode::kInvalidArgument
                                               : LeaseCode::kPermissionDenied,
                               Errno("crossover lease: cannot inspect " + path));
+  }
+  if (stat(dir.c_str(), &dir_st) != 0) return Internal("stat " + dir);
+  // Before opening: a FIFO or device planted under a lease name is never opened, and a file
+  // that fails the trust rule is refused without touching it.
+  status = CheckSegmentTrust(path, named, dir_st.st_gid, group_mode, /*observer=*/true);
+  if (!status.ok()) return status;
+  // Read-only (an observer needs no write access and changes nothing), non-blocking (a file
+  // held under a write lease fails at once instead of blocking for the lease-break time).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    const bool leased = errno == EWOULDBLOCK;
+    return LeaseStatus::Error(
+        LeaseCode::kPermissionDenied,
+        Errno("crossover lease: cannot inspect " + path) +
+            (leased ? " (another process holds a file lease on it)" : ""));
   }
   std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
     close(*f);
     delete f;
   });
-  struct stat st;
   if (fstat(fd, &st) != 0) return Internal("fstat " + path);
-  if (!S_ISREG(st.st_mode) || st.st_size != static_cast<off_t>(sizeof(SharedLease))) {
+  if (st.st_ino != named.st_ino || st.st_dev != named.st_dev) {
+    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                              "lease segment " + path + " was replaced while read");
+  }
+  status = CheckSegmentTrust(path, st, dir_st.st_gid, group_mode, /*observer=*/true);
+  if (!status.ok()) return status;
+  if (st.st_size != static_cast<off_t>(sizeof(SharedLease))) {
     return LeaseStatus::Error(LeaseCode::kInvalidArgument,
                               "lease segment " + path + " has another layout (" +
                                   LayoutMismatch(fd, st.st_size) + ") or is being created");
   }
-  void* p = mmap(nullptr, sizeof(SharedLease), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return Internal("mmap " + path);
-  std::unique_ptr<void, void (*)(void*)> unmapper(p, [](void* q) { munmap(q, sizeof(SharedLease)); });
-  auto* s = static_cast<SharedLease*>(p);
-  if (!IsOurLayout(s)) {
-    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
-                              "lease segment " + path + " has another layout (" +
-                                  LayoutMismatch(fd, st.st_size) + ") or is being created");
+  // Copied, never mapped (a file truncated under a mapping kills its reader with SIGBUS), and
+  // its mutex never taken (a planted or stopped locker would stall the reader): two copies are
+  // read until they agree on the observed state, for at most bound_s; past it the last is used.
+  std::unique_ptr<unsigned char[]> first(new unsigned char[sizeof(SharedLease)]);
+  std::unique_ptr<unsigned char[]> second(new unsigned char[sizeof(SharedLease)]);
+  const auto* copy = reinterpret_cast<const SharedLease*>(second.get());
+  const int64_t deadline = MonoNs() + static_cast<int64_t>(bound_s * 1e9);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    status = PreadAll(fd, first.get(), path);
+    if (status.ok()) status = PreadAll(fd, second.get(), path);
+    if (!status.ok()) return status;
+    if (!IsOurLayout(copy)) {
+      return LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                                "lease segment " + path + " has another layout (" +
+                                    LayoutMismatch(fd, st.st_size) + ") or is being created");
+    }
+    const auto [begin, length] = ObservedBytes(*copy);
+    if (memcmp(first.get() + begin, second.get() + begin, length) == 0 || MonoNs() > deadline) {
+      break;
+    }
   }
-  const timespec abs = ToTimespec(MonoNs() + static_cast<int64_t>(bound_s * 1e9));
-  const int rc = pthread_mutex_clocklock(&s->mu, CLOCK_MONOTONIC, &abs);
-  if (rc == ETIMEDOUT) {
-    return LeaseStatus::Error(
-        LeaseCode::kDeadlineExceeded,
-        "crossover lease " + path + ": its internal lock is held by pid " +
-            std::to_string(s->locker_pid.load()) + ", which has not let go within " +
-            std::to_string(bound_s) + " s (a stopped or wedged process?)");
-  }
-  if (rc != 0 && rc != EOWNERDEAD) {
-    return LeaseStatus::Error(LeaseCode::kInternal,
-                              "lease " + path + " is unusable (" + strerror(rc) + ")");
-  }
-  // A dead locker: the next member's lock repairs what it left (DropDead runs on every lock).
-  if (rc == EOWNERDEAD) pthread_mutex_consistent(&s->mu);
-  read(fd, *s);
-  pthread_mutex_unlock(&s->mu);
+  read(fd, *copy);
   return LeaseStatus::Ok();
 }
 

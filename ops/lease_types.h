@@ -17,6 +17,7 @@ enum class LeaseCode {
   kDeadlineExceeded,
   kResourceExhausted,
   kPermissionDenied,
+  kFailedPrecondition,  // the segment a job holds is no longer the one its name refers to
   kInternal,
 };
 
@@ -49,10 +50,6 @@ struct LeaseOptions {
   bool shared_group = false;  // several users: segments 0660, of the directory's group
   std::string job;            // this process's job label; "": "<host>:<pid>"
 };
-
-// The name of a file system type (statfs f_type) a lease directory must not be on, because
-// the lease's futex and file locks do not work across hosts there; nullptr if it is local.
-const char* NonLocalFileSystem(int64_t f_type);
 
 }  // namespace crossover
 

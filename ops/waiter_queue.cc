@@ -33,7 +33,8 @@ bool WaiterQueue::Remove(uint64_t ticket) {
   return true;
 }
 
-int WaiterQueue::Repair(const std::function<bool(const Owner&)>& alive, int64_t now_mono_ns) {
+int WaiterQueue::Repair(const std::function<bool(const Owner&)>& alive,
+                        int64_t now_host_mono_ns) {
   int dropped = 0;
   if (size < 0 || size > kMaxWaiters) {
     dropped += size < 0 ? 0 : size - kMaxWaiters;
@@ -44,7 +45,7 @@ int WaiterQueue::Repair(const std::function<bool(const Owner&)>& alive, int64_t 
     const Waiter& w = entries[i];
     bool duplicate = false;
     for (int j = 0; j < kept && !duplicate; ++j) duplicate = entries[j].ticket == w.ticket;
-    if (w.ticket == 0 || duplicate || w.deadline_mono_ns < now_mono_ns || !alive(w.who)) {
+    if (w.ticket == 0 || duplicate || w.deadline_host_mono_ns < now_host_mono_ns || !alive(w.who)) {
       ++dropped;
       continue;
     }

@@ -17,9 +17,10 @@ struct Waiter {
   uint64_t ticket = 0;
   int64_t since_wall_ns = 0;
   int32_t priority = kNormal;
-  // CLOCK_MONOTONIC (one clock for every process of the host) time at which the waiter gives
-  // up. Past it the entry stands for nobody: its owner times out as soon as it runs again.
-  int64_t deadline_mono_ns = 0;
+  // When the waiter gives up, on the host's CLOCK_MONOTONIC (HostMonoNs: one clock for every
+  // member, whatever its time namespace). Past it the entry stands for nobody: its owner times
+  // out as soon as it runs again.
+  int64_t deadline_host_mono_ns = 0;
 };
 
 // The FIFO of waiting threads. It lives in shared memory and may be left half-updated by a
@@ -34,8 +35,8 @@ struct WaiterQueue {
   bool Remove(uint64_t ticket);         // removes only that ticket; false if absent
   int Index(uint64_t ticket) const;     // -1 if absent
   // Clamps the size, drops entries of dead owners, duplicate tickets and entries whose
-  // deadline is before now_mono_ns; returns how many entries it dropped.
-  int Repair(const std::function<bool(const Owner&)>& alive, int64_t now_mono_ns);
+  // deadline is before now_host_mono_ns; returns how many entries it dropped.
+  int Repair(const std::function<bool(const Owner&)>& alive, int64_t now_host_mono_ns);
 };
 
 }  // namespace crossover

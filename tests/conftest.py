@@ -48,6 +48,14 @@ def lease_group() -> str:
     remove_group_segments([group])
 
 
+@pytest.fixture(scope="session")
+def lease_cli() -> pathlib.Path:
+    """The lease core's CLI (ops/lease_cli.cc), rebuilt if its sources are newer."""
+    subprocess.run(["make", "-s", "-C", str(REPO_ROOT / "ops"), "tests"], check=True,
+                   timeout=300)
+    return REPO_ROOT / "ops" / "build" / "lease_cli"
+
+
 @pytest.fixture
 def child_env() -> dict[str, str]:
     """Environment for child Python processes: repo importable, TF quiet."""

@@ -7,31 +7,23 @@ a job), and a directory of the host stands in for the volume they share.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 from conftest import REPO_ROOT
+from lease_helpers import (GROUP_GID, OUTSIDER_UID, USER_UIDS, as_user, group_dir,
+                           needs_other_users, wait_for)
 from crossover_tf.lease import group_join, segments
 from crossover_tf.lease.membership import Member, validate_job
 
-CLI = REPO_ROOT / "ops" / "build" / "lease_cli"
 WORKER = str(pathlib.Path(__file__).with_name("lease_worker.py"))
-
-
-@pytest.fixture(scope="module")
-def lease_cli() -> pathlib.Path:
-    subprocess.run(["make", "-s", "-C", str(REPO_ROOT / "ops"), "tests"], check=True,
-                   timeout=300)
-    return CLI
 
 
 # ----- pure parts -----------------------------------------------------------------------------
@@ -94,16 +86,20 @@ def test_lease_dir_resolution(tmp_path, monkeypatch):
     assert issubclass(segments.LeaseDirError, ValueError)
 
 
-def test_network_file_systems_are_refused(tmp_path, monkeypatch):
+def test_only_file_systems_known_to_be_local_are_accepted(tmp_path, monkeypatch):
+    """An allowlist (issue 32): BeeGFS, PanFS and any unknown type are refused as NFS is, each
+    named in the refusal."""
     assert segments.file_system_type(pathlib.Path("/dev/shm")) == 0x01021994  # tmpfs
     segments.check_local(tmp_path, 0xEF53)  # ext4: fine
-    for magic, kind in ((0x6969, "nfs"), (0xFF534D42, "cifs"), (0x65735546, "fuse")):
+    for magic, kind in ((0x6969, "nfs"), (0xFF534D42, "cifs"), (0x65735546, "fuse"),
+                        (0x19830326, "beegfs"), (0x20030528, "panfs"),
+                        (0x12345678, "an unknown type")):
         monkeypatch.setattr(segments, "file_system_type", lambda path, m=magic: m)
         with pytest.raises(segments.LeaseDirError) as err:
             segments.resolve_lease_dir(tmp_path)
         message = str(err.value)
-        assert str(tmp_path.resolve()) in message and f"on a {kind} file system" in message
-        assert "futex and file locks do not work across hosts" in message, message
+        assert str(tmp_path.resolve()) in message and f"on {kind} ({magic:#x})" in message
+        assert "not a file system known to be local" in message, message
 
 
 def test_find_segments_lists_only_lease_files(tmp_path):
@@ -264,13 +260,6 @@ def test_join_check_fails_loudly_without_a_shared_dir_and_passes_with_one(
 
 # ----- the status command ---------------------------------------------------------------------
 
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
-        time.sleep(0.02)
-
-
 def _status(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "crossover_tf.lease", "status", *args],
                           capture_output=True, text=True, timeout=120, env=env, cwd=REPO_ROOT)
@@ -292,12 +281,12 @@ def test_status_shows_members_holder_and_queue_without_joining(tmp_path, lease_g
                               env={**env, "CROSSOVER_LEASE_JOB": "holder-job"})
     waiter = None
     try:
-        _wait_for(ready.exists, 30, "the holder")
+        wait_for(ready.exists, 30, "the holder")
         waiter = subprocess.Popen([str(lease_cli), "acquire", lease_group, "dev", "60",
                                    str(tmp_path / "waited")],
                                   env={**env, "CROSSOVER_LEASE_JOB": "waiter-job"})
         path = tmp_path.resolve() / f"crossover.{lease_group}.dev"
-        _wait_for(lambda: lease_lib.membership.read_snapshot(path).queue, 30, "the waiter")
+        wait_for(lambda: lease_lib.membership.read_snapshot(path).queue, 30, "the waiter")
         shown = _status("--group", lease_group, env=env)
         again = lease_lib.membership.read_snapshot(path)
     finally:
@@ -319,62 +308,43 @@ def test_status_shows_members_holder_and_queue_without_joining(tmp_path, lease_g
 
 # ----- group mode: several users --------------------------------------------------------------
 
-_GID, _UIDS, _OUTSIDER = 62000, (61001, 61002), 61003
-
-
-def _can_switch_users() -> bool:
-    return os.geteuid() == 0 and shutil.which("setpriv") is not None
-
-
-@contextlib.contextmanager
-def _group_dir():
-    """A directory of group _GID, mode 2770, under a base every uid can traverse."""
-    base = pathlib.Path(tempfile.mkdtemp(prefix="crossover-group-"))
-    try:
-        base.chmod(0o755)
-        leases = base / "leases"
-        leases.mkdir()
-        os.chown(leases, 0, _GID)
-        leases.chmod(0o2770)
-        yield leases
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _as_user(uid: int, groups: tuple[int, ...], *command: str) -> list[str]:
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}",
-            "--groups=" + ",".join(map(str, groups)) if groups else "--clear-groups", *command]
-
-
-@pytest.mark.skipif(not _can_switch_users(), reason="needs root and setpriv to run as other uids")
+@needs_other_users
 @pytest.mark.multiprocess
 def test_two_users_of_one_group_share_a_lease_and_an_outsider_is_refused(lease_group,
                                                                          lease_cli):
     assert os.stat(lease_cli).st_mode & 0o005 == 0o005, "lease_cli must be runnable by others"
-    with _group_dir() as leases:
+    with group_dir() as leases:
         env = {**os.environ, segments.LEASE_DIR_ENV: str(leases),
                "CROSSOVER_LEASE_SHARED_GROUP": "1"}
         outs = [leases / f"job{j}.txt" for j in range(2)]
         (leases / "barrier").mkdir(mode=0o777)
         (leases / "barrier").chmod(0o777)  # both uids check in there
-        procs = [subprocess.Popen(_as_user(uid, (_GID,), str(lease_cli), "cycles", lease_group,
+        procs = [subprocess.Popen(as_user(uid, (GROUP_GID,), str(lease_cli), "cycles", lease_group,
                                            "dev", "30", "2000", str(out), str(leases / "barrier"),
                                            "2"), env=env)
-                 for uid, out in zip(_UIDS, outs)]
+                 for uid, out in zip(USER_UIDS, outs)]
         for proc in procs:
             assert proc.wait(timeout=120) == 0
         holds = _holds(outs[0], 0) + _holds(outs[1], 1)
         assert len(holds) == 60 and _overlaps(holds) == 0, _overlaps(holds)
         segment = leases / f"crossover.{lease_group}.dev"
-        st = segment.stat()
-        assert (st.st_mode & 0o7777, st.st_gid) == (0o660, _GID)
-        assert st.st_uid in _UIDS
-        refused = subprocess.run(_as_user(_OUTSIDER, (), str(lease_cli), "acquire", lease_group,
-                                          "dev", "1", "/dev/null"),
-                                 env=env, capture_output=True, text=True, timeout=60)
+        assert not segment.exists(), "the last member out must remove the segment"
+        ready = leases / "ready"
+        holder = subprocess.Popen(as_user(USER_UIDS[0], (GROUP_GID,), str(lease_cli), "hold",
+                                           lease_group, "dev", str(ready)), env=env)
+        try:
+            wait_for(ready.exists, 30, "the holder")
+            st = segment.stat()
+            assert (st.st_mode & 0o7777, st.st_gid, st.st_uid) == (0o660, GROUP_GID, USER_UIDS[0])
+            refused = subprocess.run(as_user(OUTSIDER_UID, (), str(lease_cli), "acquire",
+                                              lease_group, "dev", "1", "/dev/null"),
+                                     env=env, capture_output=True, text=True, timeout=60)
+        finally:
+            holder.kill()
+            holder.wait()
         assert refused.returncode == 2, refused
-        assert str(segment) in refused.stderr and "Permission denied" in refused.stderr
-        assert f"member of the group of the lease directory {leases} (gid {_GID})" in \
+        assert f"lease directory {leases} fails the lease's trust rule" in refused.stderr
+        assert f"member of the group of the lease directory {leases} (gid {GROUP_GID})" in \
             refused.stderr, refused.stderr
         assert segment.exists(), "a refused segment must not be deleted"
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from crossover_tf.lease import group_join, segments
 from crossover_tf.lease.loader import load_library
-from crossover_tf.lease.membership import Member, read_snapshot, validate_job
+from crossover_tf.lease.membership import Member, snapshot_from_op_output, validate_job
 from crossover_tf.lease.segments import validate_name
 
 # Tags recorded with each acquisition in the lease timeline.
@@ -134,8 +134,11 @@ class DeviceLease:
         self._ops.crossover_lease_register(**self.names)
 
     def members(self) -> list[Member]:
-        """The live members (this process only once it registered or used the lease)."""
-        return list(read_snapshot(self.path).members)
+        """The live members, read from the segment this process has mapped (it becomes a member
+        first), never from a file looked up again by name: raises tf.errors.FailedPreconditionError
+        if the name no longer refers to that segment (renamed or replaced while in use)."""
+        return list(snapshot_from_op_output(
+            *self._ops.crossover_lease_members(**self.names)).members)
 
     def wait_for_jobs(self, jobs: int, timeout_s: float) -> list[Member]:
         """Registers, then waits (polling, at most timeout_s) until `jobs` distinct job labels

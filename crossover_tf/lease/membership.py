@@ -1,7 +1,10 @@
 """Who is on a lease: its members (one per process that opened it, under its job's label), the
-holder and the queue, read by the CrossoverLeaseInspect op without becoming a member.
+holder and the queue.
 
-The group's join check (group_join.py) and the status command (status.py) both read this.
+Two readers, on purpose: a member (the group's join check, group_join.py) reads the segment it
+has mapped (CrossoverLeaseMembers), never a file looked up again by name, so a segment renamed or
+swapped under the name cannot fake the check; an observer (status.py) reads a file without
+becoming a member (CrossoverLeaseInspect: read-only, non-blocking, checked by the trust rule).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from crossover_tf.lease.loader import load_library
 JOB_MAX_LEN = 64  # the C++ core's kMaxJobLen
 _JOB_RE = re.compile(r"[A-Za-z0-9_.:@-]+")
 PRIORITY_NAMES = {0: "secondary", 1: "normal", 2: "primary"}
-INSPECT_BOUND_S = 2.0  # longest wait for the lease's internal mutex when reading it
+INSPECT_BOUND_S = 0.5  # longest an observer retries for a consistent copy of one segment
 
 
 def validate_job(job: str | None) -> str:
@@ -83,7 +86,8 @@ def snapshot_from_op_output(members: Any, member_jobs: Any, waiters: Any, waiter
 
 
 def read_snapshot(path: str | os.PathLike, bound_s: float = INSPECT_BOUND_S) -> LeaseSnapshot:
-    """Reads the segment file at path as an observer: it never registers, creates or repairs
-    anything (raises tf.errors.OpError naming the path if the file is missing or unreadable)."""
+    """Reads the segment file at path as an observer: it never registers, creates, repairs or
+    blocks (raises tf.errors.OpError naming the path if the file is missing, unreadable or
+    fails the trust rule)."""
     outputs = load_library().crossover_lease_inspect(os.fspath(path), bound_seconds=bound_s)
     return snapshot_from_op_output(*outputs)

@@ -2,21 +2,25 @@
 
 One rule for group and device-key names (the C++ op enforces the same), one place that resolves
 and checks the lease directory and spells the segment path: the op wrapper, the status command,
-launchers' cleanup and tests all use these.
+launchers' cleanup and tests all use these. Who may write the directory (the trust rule) is the
+C++ core's to check, on every open (ops/lease_dir.h): Python never opens a segment to use it.
 
 The directory is `lease_dir` if given, else $CROSSOVER_LEASE_DIR, else /dev/shm. Containers and
 Slurm's job_container/tmpfs give each job its own /dev/shm, so jobs that must take turns on one
-device name a directory they share. It must be on a local file system: the lease's futex and
-file locks do not work across hosts, so a network (or FUSE) file system is refused.
+device name a directory they share. It must be on a file system known to be local: the lease's
+futex and file locks do not work across hosts, so any other (network, cluster, FUSE, unknown) is
+refused.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import dataclasses
+import fcntl
 import os
 import pathlib
 import re
+import stat as statmod
 from typing import Iterable
 
 DEFAULT_LEASE_DIR = pathlib.Path("/dev/shm")
@@ -25,16 +29,26 @@ SHARED_GROUP_ENV = "CROSSOVER_LEASE_SHARED_GROUP"  # group mode for every job of
 SEGMENT_PREFIX = "crossover"  # the C++ op names segments <dir>/crossover.<group>.<device>
 GROUP_MAX_LEN, DEVICE_KEY_MAX_LEN = 64, 32
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")  # whole name: fullmatch, so no "\n" slips past $
-_MAX_SEGMENTS = 1000  # bound on how many segments one cleanup or status touches
+MAX_SEGMENTS = 1000  # bound on how many segments one cleanup or status touches
 
-# statfs f_type of the file systems a lease directory must not be on (the C++ core's
-# NonLocalFileSystem keeps the same table): refused, not warned, since a lease there would
-# silently exclude nobody on another host. FUSE is refused too: its locks depend on the daemon.
-NON_LOCAL_FILE_SYSTEMS = {
-    0x6969: "nfs", 0x517B: "smb", 0xFF534D42: "cifs", 0xFE534D42: "smb2", 0x01021997: "9p",
-    0x00C36400: "ceph", 0x65735546: "fuse", 0x5346414F: "afs", 0x73757245: "coda",
-    0x0BD00BD0: "lustre", 0x47504653: "gpfs", 0x01161970: "gfs2", 0x7461636F: "ocfs2",
+# statfs f_type values the lease knows, and whether each keeps shared mappings, futexes and file
+# locks coherent among one host's processes: the C++ core's table (kFileSystems in
+# ops/lease_dir.cc; tests/test_lease_trust.py checks they agree). Only the local ones are
+# accepted, an allowlist: a lease on a network or cluster file system would silently exclude
+# nobody on another host, and on FUSE its locks depend on the daemon. The others are listed to
+# name them in the refusal.
+FILE_SYSTEMS = {
+    0x01021994: ("tmpfs", True), 0x858458F6: ("ramfs", True),
+    0xEF53: ("ext2/ext3/ext4", True), 0x58465342: ("xfs", True), 0x9123683E: ("btrfs", True),
+    0x2FC12FC1: ("zfs", True), 0xF2F52010: ("f2fs", True), 0x794C7630: ("overlayfs", True),
+    0x6969: ("nfs", False), 0x517B: ("smb", False), 0xFF534D42: ("cifs", False),
+    0xFE534D42: ("smb2", False), 0x01021997: ("9p", False), 0x00C36400: ("ceph", False),
+    0x65735546: ("fuse", False), 0x5346414F: ("afs", False), 0x73757245: ("coda", False),
+    0x0BD00BD0: ("lustre", False), 0x47504653: ("gpfs", False), 0x01161970: ("gfs2", False),
+    0x7461636F: ("ocfs2", False), 0x19830326: ("beegfs", False), 0x20030528: ("panfs", False),
+    0x7B7B7B7B: ("fhgfs/beegfs", False),
 }
+LOCAL_FILE_SYSTEMS = {magic: name for magic, (name, local) in FILE_SYSTEMS.items() if local}
 
 
 class LeaseDirError(ValueError):
@@ -62,15 +76,18 @@ def file_system_type(path: pathlib.Path) -> int:
 
 
 def check_local(path: pathlib.Path, f_type: int) -> None:
-    """Raises LeaseDirError, naming path, if f_type is a file system the lease cannot use."""
-    kind = NON_LOCAL_FILE_SYSTEMS.get(f_type)
-    if kind is not None:
+    """Raises LeaseDirError, naming path and its type, unless f_type is a file system known to
+    be local."""
+    if f_type not in LOCAL_FILE_SYSTEMS:
+        name = FILE_SYSTEMS.get(f_type, ("an unknown type", False))[0]
         raise LeaseDirError(
-            f"crossover lease directory {path} is on a {kind} file system (f_type "
-            f"{f_type:#x}), not a local one: the lease's futex and file locks do not work "
-            "across hosts, so jobs that share this directory from two hosts would compute at "
-            "once without an error. Use a directory on a local file system of this host that "
-            "every job of the group on it sees (a tmpfs such as /dev/shm, or a local disk)")
+            f"crossover lease directory {path} is on {name} ({f_type:#x}), not a file system "
+            f"known to be local ({', '.join(sorted(set(LOCAL_FILE_SYSTEMS.values())))}): the "
+            "lease's futex and file locks must be coherent among the host's processes, and on a "
+            "network or cluster file system jobs that share this directory from two hosts would "
+            "compute at once without an error. Use a directory on a local file system of this "
+            "host that every job of the group on it sees (a tmpfs such as /dev/shm, or a local "
+            "disk)")
 
 
 def resolve_lease_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path:
@@ -113,9 +130,10 @@ def segment_path(group: str, device_key: str,
 
 
 def unlink_segment(group: str, device_key: str,
-                   lease_dir: str | os.PathLike | None = None) -> None:
-    """Removes one lease's segment name; processes that have it open keep working."""
-    segment_path(group, device_key, lease_dir).unlink(missing_ok=True)
+                   lease_dir: str | os.PathLike | None = None) -> bool:
+    """Removes one lease's segment if it is this user's and nobody is live on it (see
+    remove_if_unused); True if it was removed."""
+    return remove_if_unused(segment_path(group, device_key, lease_dir))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,29 +144,88 @@ class SegmentFile:
     path: pathlib.Path
 
 
+@dataclasses.dataclass(frozen=True)
+class SegmentListing:
+    """The segment names of a lease directory: the first MAX_SEGMENTS in name order, and how
+    many more there were (planted names must not hide real leases silently)."""
+    found: list[SegmentFile]
+    not_shown: int
+
+
+def scan_segments(lease_dir: str | os.PathLike | None = None,
+                  group: str | None = None) -> SegmentListing:
+    """The lease segment names in the directory (of one group if given), sorted; names that are
+    not <prefix>.<group>.<device_key> with valid parts, and entries that are not regular files
+    (by the directory's own type, never following a link), are ignored. Opens and creates
+    nothing."""
+    directory = resolve_lease_dir(lease_dir)
+    if group is not None:
+        validate_name("group", group, GROUP_MAX_LEN)
+    names = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            parts = entry.name.split(".")
+            if (len(parts) == 3 and parts[0] == SEGMENT_PREFIX and _NAME_RE.fullmatch(parts[1])
+                    and _NAME_RE.fullmatch(parts[2]) and (group is None or parts[1] == group)
+                    and entry.is_file(follow_symlinks=False)):
+                names.append((entry.name, parts[1], parts[2]))
+    names.sort()
+    return SegmentListing([SegmentFile(g, key, directory / name)
+                           for name, g, key in names[:MAX_SEGMENTS]],
+                          max(0, len(names) - MAX_SEGMENTS))
+
+
 def find_segments(lease_dir: str | os.PathLike | None = None,
                   group: str | None = None) -> list[SegmentFile]:
-    """The lease segments in the directory (of one group if given), sorted by name; names that
-    are not <prefix>.<group>.<device_key> with valid parts are ignored. Creates nothing."""
-    directory = resolve_lease_dir(lease_dir)
-    pattern = f"{SEGMENT_PREFIX}." + (
-        f"{validate_name('group', group, GROUP_MAX_LEN)}.*" if group is not None else "*")
-    found = []
-    for path in sorted(directory.glob(pattern))[:_MAX_SEGMENTS]:
-        parts = path.name.split(".")
-        if (len(parts) == 3 and path.is_file() and _NAME_RE.fullmatch(parts[1])
-                and _NAME_RE.fullmatch(parts[2])):
-            found.append(SegmentFile(parts[1], parts[2], path))
-    return found
+    """The first MAX_SEGMENTS segments of scan_segments."""
+    return scan_segments(lease_dir, group).found
+
+
+class _Flock(ctypes.Structure):
+    """struct flock, for F_OFD_GETLK (Python's fcntl.lockf cannot test a lock)."""
+    _fields_ = [("l_type", ctypes.c_short), ("l_whence", ctypes.c_short),
+                ("l_start", ctypes.c_int64), ("l_len", ctypes.c_int64), ("l_pid", ctypes.c_int)]
+
+
+def _locked_by_anyone(fd: int) -> bool:
+    """Whether any open file description holds a lock on any byte of the file: every member
+    holds its presence and slot bytes until it exits (ops/lease_liveness.h)."""
+    probe = _Flock(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)  # the whole file
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, bytes(probe))
+    return _Flock.from_buffer_copy(answer).l_type != fcntl.F_UNLCK
+
+
+def remove_if_unused(path: str | os.PathLike) -> bool:
+    """Removes the segment at path only if it is a regular file of this user and no process is
+    live on it, under the flock that guards its creation (as the core's last member out does);
+    True if it was removed. Another user's segment, or one in use, is never touched."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not statmod.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # being created or repaired, or removed by its last member right now
+            return False
+        named = os.lstat(path)
+        if _locked_by_anyone(fd) or (named.st_ino, named.st_dev) != (st.st_ino, st.st_dev):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def remove_group_segments(groups: Iterable[str],
                           lease_dir: str | os.PathLike | None = None) -> list[str]:
-    """Unlinks every device's segment of each group (names validated, so no glob widening);
-    processes that have a segment mapped keep working. Returns the removed paths."""
-    removed = []
-    for group in groups:
-        for segment in find_segments(lease_dir, group):
-            segment.path.unlink(missing_ok=True)
-            removed.append(str(segment.path))
-    return removed
+    """Removes every device's segment of each group that this user owns and no process is live
+    on (names validated, so no glob widening); a live one is left to its last member, which
+    removes it at exit, and another user's is never touched. Returns the removed paths."""
+    return [str(segment.path) for group in groups
+            for segment in find_segments(lease_dir, group) if remove_if_unused(segment.path)]

@@ -1,9 +1,12 @@
 """`python -m crossover_tf.lease status`: who is on the leases of a lease directory.
 
 For an operator: each segment's group, device key and file, its members (job, pid, PID
-namespace), the holder and the queue. Read-only in effect: it inspects each file as an
-observer (membership.read_snapshot), so it never becomes a member, creates a segment or repairs
-one, and waits for a lease's internal mutex only briefly.
+namespace), the holder and the queue. Read-only: it inspects each file as an observer
+(membership.read_snapshot: opened read-only and non-blocking, copied, never locked), so it never
+becomes a member, creates, changes or repairs a segment, and needs no write access. Other local
+users may plant files in a shared directory, so no file can stall it: the whole command is
+bounded (STATUS_BOUND_S), a file that fails the trust rule (ops/lease_dir.h) is skipped and
+named, and names past the first MAX_SEGMENTS are counted, not silently dropped.
 """
 from __future__ import annotations
 
@@ -15,8 +18,11 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from crossover_tf.lease.membership import LeaseSnapshot, read_snapshot
-from crossover_tf.lease.segments import SegmentFile, find_segments, resolve_lease_dir
+from crossover_tf.lease.membership import INSPECT_BOUND_S, LeaseSnapshot, read_snapshot
+from crossover_tf.lease.segments import (MAX_SEGMENTS, SegmentFile, resolve_lease_dir,
+                                         scan_segments)
+
+STATUS_BOUND_S = 10.0  # the whole command, however many files the directory holds
 
 
 def format_segment(segment: SegmentFile, snap: LeaseSnapshot, now_ns: int) -> str:
@@ -39,21 +45,34 @@ def format_segment(segment: SegmentFile, snap: LeaseSnapshot, now_ns: int) -> st
     return "\n".join(lines)
 
 
-def status(lease_dir: str | None, group: str | None) -> tuple[str, int]:
-    """The status text and exit code (1 if some segment could not be read)."""
+def status(lease_dir: str | None, group: str | None,
+           bound_s: float = STATUS_BOUND_S) -> tuple[str, int]:
+    """The status text and exit code (1 if some segment was skipped, could not be read, or was
+    not reached within bound_s)."""
     directory = resolve_lease_dir(lease_dir)
-    found = find_segments(directory, group)
-    if not found:
+    listing = scan_segments(directory, group)
+    if not listing.found:
         return f"no leases in {directory}" + (f" for group {group}" if group else ""), 0
-    blocks, code = [], 0
-    for segment in found:
+    deadline = time.monotonic() + bound_s
+    blocks, skipped, code = [], [], 0
+    for index, segment in enumerate(listing.found):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            skipped.append(f"{len(listing.found) - index} lease file(s) not read: this "
+                           f"command's {bound_s:g} s bound ran out")
+            break
         try:
-            snap = read_snapshot(segment.path)
+            snap = read_snapshot(segment.path, min(INSPECT_BOUND_S, remaining))
         except tf.errors.OpError as err:
-            blocks.append(f"lease {segment.path}\n  cannot read it: {err.message}")
-            code = 1
+            skipped.append(f"{segment.path}: {err.message}")
             continue
         blocks.append(format_segment(segment, snap, time.time_ns()))
+    if listing.not_shown:
+        skipped.append(f"{listing.not_shown} more lease file name(s) past the first "
+                       f"{MAX_SEGMENTS} not shown: narrow with --group")
+    if skipped:
+        code = 1
+        blocks.append(f"skipped ({len(skipped)}):\n" + "\n".join(f"  {s}" for s in skipped))
     return "\n".join(blocks), code
 
 

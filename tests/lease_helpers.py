@@ -1,0 +1,60 @@
+"""What the lease tests that run real processes share: other uids (setpriv), a group directory,
+and a bounded wait (conftest's lease_cli fixture builds the core's CLI)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Callable, Iterator
+
+import pytest
+
+# Made-up ids with no entry in the user database (as a bare uid from a container runtime):
+# two members of the lease group, and an outsider.
+GROUP_GID, USER_UIDS, OUTSIDER_UID = 62000, (61001, 61002), 61003
+
+
+def can_switch_users() -> bool:
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+needs_other_users = pytest.mark.skipif(not can_switch_users(),
+                                       reason="needs root and setpriv to run as other uids")
+
+
+@contextlib.contextmanager
+def scratch_base() -> Iterator[pathlib.Path]:
+    """A root-owned directory every uid can traverse, removed afterwards."""
+    base = pathlib.Path(tempfile.mkdtemp(prefix="crossover-lease-"))
+    try:
+        base.chmod(0o755)
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def group_dir() -> Iterator[pathlib.Path]:
+    """A lease directory of group GROUP_GID, mode 2770 (group mode's), in a scratch base."""
+    with scratch_base() as base:
+        leases = base / "leases"
+        leases.mkdir()
+        os.chown(leases, 0, GROUP_GID)
+        leases.chmod(0o2770)
+        yield leases
+
+
+def as_user(uid: int, groups: tuple[int, ...], *command: str) -> list[str]:
+    """command run as uid (and gid uid) with exactly these supplementary groups."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}",
+            "--groups=" + ",".join(map(str, groups)) if groups else "--clear-groups", *command]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        time.sleep(0.02)
