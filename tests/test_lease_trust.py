@@ -413,3 +413,34 @@ def test_the_file_system_tables_of_python_and_cpp_agree():
     cpp = {int(magic, 16): (name, local == "true") for magic, name, local in
            re.findall(r'\{(0x[0-9A-Fa-f]+), "([^"]+)", (true|false)\}', source)}
     assert cpp and cpp == segments.FILE_SYSTEMS
+
+
+_JOIN_WORKER = """
+import sys
+import crossover_tf
+crossover_tf.CrossoverStrategy(sys.argv[1], lease=crossover_tf.LeaseOptions(
+    jobs=1, join_timeout_s=5, lease_dir=sys.argv[2]))
+print("joined", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_an_error_joining_on_one_rank_is_every_ranks_error(tmp_path, lease_group, child_env):
+    """Before: the join caught only GroupIncomplete, so any other error on one rank (here rank
+    1's segment fails the trust rule) left the other ranks waiting in the allgather. Now every
+    rank raises, naming the failed rank and its error."""
+    from conftest import horovodrun_command, run_bounded
+
+    leases = tmp_path / "leases"
+    leases.mkdir(mode=0o700)
+    planted = segments.segment_path(lease_group, "cpu1", leases)
+    planted.touch()
+    planted.chmod(0o666)
+    done = run_bounded(horovodrun_command(2, sys.executable, "-c", _JOIN_WORKER, lease_group,
+                                          str(leases)), child_env, timeout=240)
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "joined" not in done.stdout, done.stdout[-3000:]
+    agreed = "rank(s) 1 of this job could not join the group's lease. Rank 1: " \
+             "PermissionDeniedError"
+    assert done.stdout.count(agreed) >= 2, done.stdout[-4000:]  # said by both ranks
