@@ -144,6 +144,21 @@ struct HolderChild {
   }
 };
 
+// A child that takes the lease's internal mutex and stops (as Ctrl-Z would), holding it.
+pid_t StoppedInsideTheLock(const TestGroup& g) {
+  const pid_t child = fork();
+  if (child == 0) {
+    auto mine = g.Open();
+    LeaseTestHooks::LockInternal(*mine);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, WUNTRACED);
+  EXPECT(WIFSTOPPED(status), "child did not stop");
+  return child;
+}
+
 // ----- tests ------------------------------------------------------------------------------
 
 void TestValidation() {
@@ -258,16 +273,7 @@ void TestForeignOrOpenSegmentRefused() {
 void TestStoppedInsideCriticalSection() {
   TestGroup g("stopped");
   auto lease = g.Open();
-  const pid_t child = fork();
-  if (child == 0) {
-    auto mine = g.Open();
-    LeaseTestHooks::LockInternal(*mine);
-    raise(SIGSTOP);
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(child, &status, WUNTRACED);
-  EXPECT(WIFSTOPPED(status), "child did not stop");
+  const pid_t child = StoppedInsideTheLock(g);
   const double start = MonoS();
   const LeaseStatus s = lease->Acquire(1.0, 0);
   const double took = MonoS() - start;
@@ -1057,15 +1063,7 @@ void TestObserverNeverBlocks() {
   TempDir dir;
   TestGroup g("observe", dir.path), planted("planted", dir.path);
   auto lease = g.Open("jobA");
-  const pid_t child = fork();
-  if (child == 0) {
-    auto mine = g.Open();
-    LeaseTestHooks::LockInternal(*mine);
-    raise(SIGSTOP);
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(child, &status, WUNTRACED);
+  const pid_t child = StoppedInsideTheLock(g);
   LeaseSnapshot snap;
   double start = MonoS();
   const LeaseStatus s = DeviceLease::Inspect(g.Path(), 2, &snap);

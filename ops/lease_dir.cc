@@ -36,6 +36,10 @@ constexpr FileSystemType kFileSystems[] = {
     {0x20030528, "panfs", false},    {0x7B7B7B7B, "fhgfs/beegfs", false},
 };
 
+LeaseStatus Denied(const std::string& message) {
+  return LeaseStatus::Error(LeaseCode::kPermissionDenied, message);
+}
+
 std::string UserText(uid_t uid) {
   std::vector<char> buf(16384);
   struct passwd pw, *found = nullptr;
@@ -119,8 +123,7 @@ LeaseStatus Refuse(const std::string& dir, const std::string& problem, DirUse us
           "lease use group mode in a directory made with `install -d -m 2770 -g GROUP " + dir +
           "`";
   }
-  return LeaseStatus::Error(
-      LeaseCode::kPermissionDenied,
+  return Denied(
       "crossover lease directory " + dir + " fails the lease's trust rule: " + problem +
           ". A user who can change the directory's entries could let two jobs hold the device "
           "at once or fake the group's join check (docs/deploying.md, \"Who may write the "
@@ -191,9 +194,8 @@ LeaseStatus CheckDirTrust(const std::string& dir, DirUse use, bool* group_mode) 
                                       path));
     }
     if (!S_ISDIR(st.st_mode)) {
-      return LeaseStatus::Error(LeaseCode::kPermissionDenied,
-                                "crossover lease directory " + dir + ": " + path +
-                                    " is no longer a directory (replaced by a link?)");
+      return Denied("crossover lease directory " + dir + ": " + path +
+                    " is no longer a directory (replaced by a link?)");
     }
     const bool leaf = i + 1 == paths.size();
     std::string problem;
@@ -228,14 +230,13 @@ LeaseStatus CheckDirTrust(const std::string& dir, DirUse use, bool* group_mode) 
 LeaseStatus CheckSegmentTrust(const std::string& path, const struct stat& st, gid_t dir_gid,
                               bool group_mode, bool observer) {
   if (!S_ISREG(st.st_mode)) {
-    return LeaseStatus::Error(LeaseCode::kPermissionDenied, path + " is not a regular file");
+    return Denied(path + " is not a regular file");
   }
   const uid_t me = geteuid();
   const mode_t bits = st.st_mode & 07777;
   if (group_mode) {
     if (st.st_gid != dir_gid) {
-      return LeaseStatus::Error(
-          LeaseCode::kPermissionDenied,
+      return Denied(
           path + " belongs to group " + std::to_string(st.st_gid) + ", not to the group of "
               "its lease directory (gid " + std::to_string(dir_gid) + "): in group mode a "
               "lease segment must belong to the lease directory's group. Another group's jobs "
@@ -243,15 +244,13 @@ LeaseStatus CheckSegmentTrust(const std::string& path, const struct stat& st, gi
               "or remove the file if no job uses it");
     }
     if (bits != 0660) {
-      return LeaseStatus::Error(
-          LeaseCode::kPermissionDenied,
+      return Denied(
           path + " has permissions " + ModeText(bits) + "; in group mode a lease segment must "
               "be 0660 (its owner and the directory's group, nobody else). Remove the file (no "
               "job should be using it) and start again");
     }
     if (st.st_uid != 0 && st.st_uid != me && !MaybeInGroup(st.st_uid, dir_gid)) {
-      return LeaseStatus::Error(
-          LeaseCode::kPermissionDenied,
+      return Denied(
           path + " belongs to " + UserText(st.st_uid) + ", who is not a member of the lease "
               "directory's group (gid " + std::to_string(dir_gid) + "): a user outside the "
               "group planted it. Remove it, and make the directory writable by the group only "
@@ -260,15 +259,13 @@ LeaseStatus CheckSegmentTrust(const std::string& path, const struct stat& st, gi
     return LeaseStatus::Ok();
   }
   if (!observer && st.st_uid != me) {
-    return LeaseStatus::Error(
-        LeaseCode::kPermissionDenied,
+    return Denied(
         path + " belongs to " + UserText(st.st_uid) + ", not to this process (uid " +
             std::to_string(me) + "): another user uses this group name; pick another group, "
             "or remove the file if it is stale");
   }
   if (bits != 0600) {
-    return LeaseStatus::Error(
-        LeaseCode::kPermissionDenied,
+    return Denied(
         path + " has permissions " + ModeText(bits) + "; a lease segment must be private to "
             "its owner (0600), unless jobs of several users share it in group mode "
             "(shared_group). Remove the file (no job should be using it) and start again");
