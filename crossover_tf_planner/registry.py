@@ -92,6 +92,12 @@ SECONDARY_MICRO_BATCH = Metric("secondary_micro_batch_s",
                                "priority: secondary micro-batch compute (s)")
 PRIMARY_WAIT_OVER_MICRO_BATCH = Metric("primary_max_wait_over_micro_batch",
                                        "priority: worst wait / micro-batch")
+# What rests on the sequential run, i.e. on its jobs' solo runs: every ratio over it, the ideal
+# (from the solo runs' steps) and each measured / ideal, and the priority scenario's ratios over
+# solo. A trial whose sequential run is refused (experiments/analysis/bounds.py) loses these.
+ON_SEQUENTIAL = (*(r.key for r in SCENARIO_RATIOS if SEQUENTIAL in (r.top, r.bottom)),
+                 IDEAL.key, *(m.key for m in OVER_IDEAL.values()), PRIMARY_OVER_SOLO.key,
+                 SECONDARY_OVER_SOLO.key)
 
 # compare.md's ratio table, in its row order.
 TABLE = (CROSSOVER_OVER_SEQUENTIAL, CROSSOVER_OVER_NAIVE, IDEAL, OVER_IDEAL[CROSSOVER],

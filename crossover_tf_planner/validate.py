@@ -228,7 +228,11 @@ def _validate_fifo(profiles: tuple[JobProfile, ...], measured: Mapping[str, floa
             "rounds_s": rounds}
 
 
-def to_markdown(report: Mapping[str, Any]) -> str:
+def to_markdown(report: Mapping[str, Any], recommendation: bool = True) -> str:
+    """The report's predicted against measured table, its recommendation line and the device
+    model's limitation; `recommendation=False` leaves the recommendation line out, for a report
+    that prints one recommendation of its own (compare.md, where this table checks one
+    trial)."""
     model = report.get("device_model", "cpu")
     lines = [f"| metric | ratio | measured | analytical, {model} model (err %) | "
              "simulated, gpu-like (err %) |", "|---|---|---|---|---|"]
@@ -240,7 +244,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         for ratio, row in report[metric].items():
             lines.append(f"| {metric.split('_')[0]} | {ratio} | {row['measured']:.3f} | "
                          f"{cell(row, 'analytical')} | {cell(row, 'simulated')} |")
-    if "recommendation" in report:
+    if recommendation and "recommendation" in report:
         r = report["recommendation"]
         lines.append(f"\nRecommended: **{r['predicted']}**; measured winner: "
                      f"**{r['measured_winner'] or '— (no sequential run)'}**.")

@@ -10,10 +10,11 @@ import re
 
 import pytest
 
+from crossover_tf_planner import registry
 from crossover_tf_planner import validate as planner_validate
 from crossover_tf_planner.job_stats import JobStats
 from experiments import compare
-from experiments.analysis import intervals, report, sweep
+from experiments.analysis import bounds, intervals, report, sweep
 from experiments.analysis import planning
 from experiments.comparison import calibrate, calibration, scenarios, trials
 from experiments.comparison import summary as summary_lib
@@ -768,3 +769,153 @@ def test_scenario_env_reaches_every_rank_of_the_env_scenarios_only(monkeypatch, 
     assert seen == {"naive": ("concurrent", {}, False), "naive_env": ("concurrent", env, False),
                     "crossover": ("concurrent", {}, True),
                     "crossover_env": ("concurrent", env, True)}
+
+
+# -- per-trial sanity bounds ----------------------------------------------------------------------
+MAIN_JOB = ("sequential", "naive", "crossover", "crossover_turn")
+
+
+def _slowed(stats: JobStats, factor: float) -> JobStats:
+    """The same job with every step and phase `factor` times as long (a busy machine)."""
+    return _stats(stats.job, factor * stats.step_time_s, factor * stats.compute_s,
+                  factor * stats.comm_s)
+
+
+def _judged_trials(speedups: list[float], slowed: dict[int, float]) -> list:
+    """The main job's scenarios per trial (crossover at `speedups[t]` times sequential), the
+    sequential runs of the trials in `slowed` that many times slower; each summary judged by
+    the bounds and checked by the planner, as compare_at does."""
+    judged = []
+    for trial, speedup in enumerate(speedups):
+        stats = {n: s for n, s in _scenario_stats(0.1, 0.1, speedup).items() if n in MAIN_JOB}
+        if trial in slowed:
+            stats["sequential"] = {j: _slowed(s, slowed[trial])
+                                   for j, s in stats["sequential"].items()}
+        judged.append(planning.with_planner(
+            bounds.judge(summary_lib.summarise(stats, 1, {"trial": trial}))))
+    return judged
+
+
+def test_a_trial_beyond_its_solo_runs_is_refused_with_its_numbers_and_left_out(tmp_path):
+    """The issue's trial 2, by hand: its sequential run 1.678x slow, so naive / sequential
+    2.014 and crossover with link turns / sequential 2.423 (measured / ideal 1.27), beside
+    three ordinary trials. Jobs together never beat each alone: its sequential is refused with
+    the bound and the numbers, and every ratio over it leaves the medians, intervals, verdict,
+    representative trial and planner's checks; its ratios among concurrent scenarios stay."""
+    speedups = [1.2, 1.6, 2.423 / (1.15 * 1.678), 1.5]
+    per_trial = _judged_trials(speedups, {2: 1.678})
+    bad = per_trial[2]
+    reason = bad.invalid["sequential"]
+    assert re.search(r"crossover_turn ran at [\d.]+ images/s, 21\.2% above its jobs' solo rates "
+                     r"summed \(A [\d.]+ \+ B [\d.]+ = [\d.]+\), crossover_turn / sequential "
+                     r"2\.423", reason), reason
+    assert "beyond the 5% allowed for noise" in reason and "were slowed" in reason
+    assert "naive ran at" not in reason  # 2.014: 0.7% above the sum, inside the tolerance
+    assert "sequential" not in bad.scenarios and {"solo_A", "solo_B"} <= set(bad.scenarios)
+    assert not set(registry.ON_SEQUENTIAL) & set(bad.ratios)
+    assert bad.ratios["crossover_turn_over_naive"] == pytest.approx(2.423 / 2.014, rel=1e-3)
+    assert bad.planner is None  # its solo runs, the planner's inputs, were slowed
+    assert all(t.invalid == {} for i, t in enumerate(per_trial) if i != 2)
+
+    combined = planning.plan_trials(trials.combine(per_trial))
+    assert [(e.trial, e.reason) for e in combined.invalid["sequential"]] == [(2, reason)]
+    naive = combined.ratio_spread["naive_over_sequential"]
+    assert naive.values == pytest.approx([1.2] * 3) and naive.of_trials == 4
+    turn = combined.ratio_spread["crossover_turn_over_sequential"]
+    assert turn.values == pytest.approx([1.15 * s for i, s in enumerate(speedups) if i != 2])
+    assert combined.ratios["crossover_turn_over_sequential"] == pytest.approx(1.15 * 1.5)
+    assert combined.ratio_interval["crossover_turn_over_sequential"].trials == 3
+    assert combined.ratio_interval["crossover_turn_over_sequential"].high < 2
+    assert len(combined.ratio_spread["crossover_turn_measured_over_ideal"].values) == 3
+    assert combined.ratio_interval["crossover_over_naive"].trials == 4  # never over it
+    assert not combined.checks
+    assert sum(trials.verdict(combined)["trial_winners"].values()) == 3
+    # Trial 2 had the lower median crossover / naive; the trial shown is one that stands.
+    assert combined.representative_trial == 3 and combined.planner is not None
+    table = report.markdown(combined)
+    assert "**Outside the sanity bounds**" in table and "**Invalid scenarios**" not in table
+    assert f"- sequential (trial 2): {reason}" in table
+    assert "| crossover with link turns / sequential | 1.725 [1.380–1.840] (3 of 4 trials) |" \
+        in table
+    assert "trial 2 " not in table.split("Its pick checked in each trial")[1]
+    report.plot(combined, combined.scenarios["crossover"].jobs, str(tmp_path / "c.png"))
+
+
+def test_a_normal_trial_passes_the_bounds_and_the_tolerance_is_5_percent():
+    """An ordinary trial is left as it is; a concurrent scenario 4% above its jobs' solo rates
+    summed is noise, 6% above is not."""
+    normal = summary_lib.summarise(_scenario_stats(0.1, 0.1, 1.5), 1, {"trial": 0})
+    assert bounds.judge(normal) is normal
+    for over_sum, refused in ((1.04, False), (1.06, True)):
+        stats = {n: s for n, s in _scenario_stats(0.1, 0.1, 2 * over_sum).items()
+                 if n in ("sequential", "naive", "crossover")}
+        judged = bounds.judge(summary_lib.summarise(stats, 1, {}))
+        assert ("sequential" in judged.invalid) == refused
+        assert ("crossover_over_sequential" in judged.ratios) != refused
+
+
+def test_compare_refuses_the_sequential_run_of_a_slowed_trial(fake_runs, monkeypatch, tmp_path):
+    """compare.py judges every trial: a busy machine during trial 1's sequential run (1.5x
+    slow) leaves that trial's ratios over sequential out of compare.json and says why."""
+    fake = scenarios.run_scenario
+
+    def busy_sequential(cluster, c, name, out, run_name="", jobs=("A", "B"), steps=None):
+        stats = fake(cluster, c, name, out, run_name, jobs, steps)
+        return ({j: _slowed(s, 1.5) for j, s in stats.items()} if run_name == "t1_sequential"
+                else stats)
+
+    monkeypatch.setattr(scenarios, "run_scenario", busy_sequential)
+    compare.run(overrides={"comm_to_compute": 2.0, "trials": 3, "out_dir": str(tmp_path)})
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert [e["trial"] for e in saved["invalid"]["sequential"]] == [1]
+    assert "crossover ran at" in saved["invalid"]["sequential"][0]["reason"]
+    assert saved["ratio_spread"]["crossover_over_sequential"]["values"] == pytest.approx(
+        [1.4, 1.2])
+    assert saved["ratio_spread"]["crossover_over_naive"]["values"] == pytest.approx(
+        [1.4 / 1.2, 1.6 / 1.2, 1.2 / 1.2])
+    assert "- sequential (trial 1): crossover ran at" in (tmp_path / "compare.md").read_text()
+
+
+def test_one_trial_above_its_ideal_beyond_its_interval_is_flagged_by_name():
+    """Crossover at 1.98x sequential in trial 1 of 3: above its ideal (1.909x here, the device
+    bounding the round) beyond its own interval, yet inside the solo runs' sum, so flagged, not
+    refused; the median's interval stays below 1, so the check over all trials alone missed
+    it. The other trials are not flagged."""
+    per_trial = [bounds.judge(summary_lib.summarise(
+        {n: s for n, s in _scenario_stats(0.1, 0.1, speedup).items()
+         if n in ("sequential", "naive", "crossover")}, 1, {"trial": trial}))
+        for trial, speedup in enumerate([1.5, 1.98, 1.4])]
+    assert all(t.invalid == {} for t in per_trial)
+    combined = trials.combine(per_trial)
+    assert not trials.above_ideal(combined.ratio_spread, combined.ratio_interval)
+    assert combined.checks == [
+        "trial 1: crossover / sequential is above its ideal (measured / ideal 1.037; this "
+        "trial's 95% interval 1.037–1.037 lies wholly above 1): the measurement or the bound "
+        "is wrong; do not trust trial 1's crossover ratios"]
+    assert f"**Check failed:** {combined.checks[0]}" in report.markdown(combined)
+
+
+RECOMMENDATION_LINE = re.compile(r"\brecommended\b", re.IGNORECASE)
+
+
+def test_a_report_gives_one_recommendation_and_checks_every_trial():
+    """The issue's report: the planner's block (trial 0) said "Recommended: cross" while the
+    summary over 4 trials said "recommended naive" (the most frequent over the trials). Now the
+    recommendation is the planner's from the shown trial's solo runs, given in one line; every
+    trial's own pick is a check, labelled so."""
+    per_trial = _trial_results([1.3, 1.5, 1.2, 1.4])
+    shown = trials.representative_trial(per_trial)
+    per_trial = [dataclasses.replace(t, planner={**t.planner, "recommendation": {
+        "predicted": "cross" if i == shown else "naive", "measured_winner": "cross"}})
+        for i, t in enumerate(per_trial)]
+    combined = trials.combine(per_trial)
+    combined = dataclasses.replace(combined, planner=per_trial[shown].planner)
+    table = report.markdown(combined)
+    lines = [line for line in table.splitlines() if RECOMMENDATION_LINE.search(line)]
+    assert len(lines) == 1 and lines[0].startswith("Over all 4 trial(s): recommended **cross**")
+    assert trials.verdict(combined)["predicted"] == "cross"
+    assert (f"trial {shown} cross against cross" in table
+            and "naive against cross" in table and "(1 of 4 agree)" in table)
+    assert f"the solo runs are trial {shown}'s" in table
+    saved = (pathlib.Path(__file__).parent / "data" / "compare_v1" / "compare.md").read_text()
+    assert len([line for line in saved.splitlines() if RECOMMENDATION_LINE.search(line)]) == 1

@@ -97,3 +97,21 @@ def _claim(inside: Mapping[str, list[Any]], device_model: str) -> str:
         return "No measured interval to check the predictions against."
     return ("Predictions inside the measured 95% interval: " + "; ".join(parts)
             + ". Only those are borne out by this comparison.")
+
+
+def winner_checks(result: Comparison) -> list[str]:
+    """compare.md's check of the planner's pick in every trial: the pick from that trial's own
+    solo runs against that trial's measured winner by the planner's rule (validate.py). Checks,
+    not recommendations: the comparison's one recommendation is planning.recommendation's, and
+    trials' picks differ where their solo runs do. Empty without a checked trial."""
+    checked = [(trial, t.planner["recommendation"])
+               for trial, t in enumerate(result.trials_or_self)
+               if t.planner and "recommendation" in t.planner]
+    if not checked:
+        return []
+    picks = "; ".join(f"trial {trial} {r['predicted']} against {r['measured_winner'] or '—'}"
+                      for trial, r in checked)
+    agree = sum(r["predicted"] == r["measured_winner"] for _, r in checked)
+    return ["", "Its pick checked in each trial, predicted from that trial's own solo runs "
+            "against that trial's measured winner (the planner's rule: a more involved policy "
+            f"must gain 5% over a simpler one): {picks} ({agree} of {len(checked)} agree)."]

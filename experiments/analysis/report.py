@@ -9,7 +9,7 @@ from crossover_tf_planner import registry
 from crossover_tf_planner.comparison import (Comparison, IdealRound, ScenarioResult, Spread,
                                              Trial)
 from crossover_tf_planner.job_stats import JobStats
-from experiments.analysis import attribute, intervals, planner_errors
+from experiments.analysis import attribute, intervals, planner_errors, planning
 from experiments.comparison import trials
 
 JOB_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
@@ -46,15 +46,25 @@ def _trial_label(trial: int | None) -> str:
     return "" if trial is None else f" (trial {trial})"
 
 
+INVALID_HEADING = "**Invalid scenarios** (left out of every ratio, the verdict and the plot):"
+BOUNDS_HEADING = ("**Outside the sanity bounds** (the trial's sequential run left out of every "
+                  "ratio over it, the ideal, measured / ideal, the verdict and the plot; its "
+                  "ratios among concurrent scenarios stay):")
+
+
 def _invalid_lines(result: Comparison) -> list[str]:
-    """Scenarios refused for a window too short to measure, and failed sanity checks: said
-    where the numbers are, so nobody reads a table without them."""
+    """Scenarios refused for a window too short to measure; apart from them, trials whose
+    sequential run broke a sanity bound (analysis/bounds.py: their ratios among concurrent
+    scenarios still count); and failed sanity checks: said where the numbers are, so nobody
+    reads a table without them."""
+    bounded = {n: runs for n, runs in result.invalid.items() if n == registry.SEQUENTIAL}
+    refused = {n: runs for n, runs in result.invalid.items() if n not in bounded}
     lines = []
-    if result.invalid:
-        lines += ["", "**Invalid scenarios** (left out of every ratio, the verdict and the "
-                  "plot):", ""]
-        lines += [f"- {name}{_trial_label(e.trial)}: {e.reason}"
-                  for name, entries in result.invalid.items() for e in entries]
+    for heading, entries in ((INVALID_HEADING, refused), (BOUNDS_HEADING, bounded)):
+        if entries:
+            lines += ["", heading, ""]
+            lines += [f"- {name}{_trial_label(e.trial)}: {e.reason}"
+                      for name, runs in entries.items() for e in runs]
     lines += [f"\n**Check failed:** {check}" for check in result.checks]
     return lines
 
@@ -179,7 +189,9 @@ def ideal_note(ideal: IdealRound) -> str:
 
 
 def _verdict_lines(result: Comparison, n_trials: int) -> list[str]:
-    """The verdict over all trials, with the rule it follows on the next line."""
+    """The verdict over all trials: the planner's one recommendation (planning.recommendation,
+    printed here only; the planner's block names its inputs) and the measured winner, with the
+    rule it follows on the next line."""
     recommended, winner = trials.verdict_cells(trials.verdict(result))
     return [f"Over all {n_trials} trial(s): recommended **{recommended}**; measured winner: "
             f"**{winner}**.", "", trials.VERDICT_RULE]
@@ -210,20 +222,29 @@ def markdown(result: Comparison | Trial) -> str:
         lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
                      f"{1e3 * solo.step_time_s:.1f} |")
     if result.planner is not None:
-        from crossover_tf_planner import validate
-        lines += ["", PLANNER_HEADING.format(trial=result.representative_trial), "",
-                  validate.to_markdown(result.planner)]
-        lines += planner_errors.markdown(result, result.planner.get("device_model", "cpu"))
+        lines += _planner_lines(result, result.planner)
     if {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_NAIVE.key} <= set(
-            result.ratios):
+            result.ratios) or planning.recommendation(result) is not None:
         lines += ["", *_verdict_lines(result, n_trials)]
     return "\n".join(lines) + "\n"
 
 
 PLANNER_HEADING = (
-    "Planner (from the solo runs and the comm-CPU and link-contention probes; checked "
-    "against trial {trial} alone, whose measured winner follows the planner's own rule: a "
-    "more involved policy must gain 5% over a simpler one):")
+    "Planner (from the solo runs and the comm-CPU and link-contention probes; the solo runs "
+    "are trial {trial}'s, the trial the tables above show. Its recommendation is computed once, "
+    "from these, and given once, in the verdict below; here its predictions are checked "
+    "against trial {trial} alone):")
+
+
+def _planner_lines(result: Comparison, planner: Mapping[str, Any]) -> list[str]:
+    """The planner's block: the inputs of its one recommendation (printed once, in the
+    verdict), then the checks of its predictions: against the shown trial, each trial's
+    error, and each trial's own pick against that trial's measured winner."""
+    from crossover_tf_planner import validate
+    lines = ["", PLANNER_HEADING.format(trial=result.representative_trial), "",
+             validate.to_markdown(planner, recommendation=False)]
+    lines += planner_errors.markdown(result, planner.get("device_model", "cpu"))
+    return lines + planner_errors.winner_checks(result)
 
 
 def _priority_mark(priority: str) -> str:

@@ -1,6 +1,6 @@
-"""One comparison at one bandwidth: every scenario in every trial, the summaries combined,
-the planner's check, and compare.{json,md,png} with the attribution of the crossed rounds;
-and the sweep of such comparisons over M/C."""
+"""One comparison at one bandwidth: every scenario in every trial, each trial's summary held to
+the sanity bounds, the summaries combined, the planner's check, and compare.{json,md,png} with
+the attribution of the crossed rounds; and the sweep of such comparisons over M/C."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,7 @@ from crossover_tf_planner import registry
 from crossover_tf_planner.comparison import Comparison, Regime
 from crossover_tf_planner.job_stats import JobStats
 from experiments import config as config_lib
-from experiments.analysis import planning, report, sweep
+from experiments.analysis import bounds, planning, report, sweep
 from experiments.comparison import calibrate, scenarios, settings, summary, trials
 from experiments.probes.comm_costs import measure_comm_costs
 
@@ -41,8 +41,8 @@ def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None, regime: Regim
     out.mkdir(parents=True, exist_ok=True)
     stats, cluster_info = _run_trials(c, out, bandwidth)
     regime = dataclasses.replace(regime, bandwidth_mbit=bandwidth)
-    per_trial = [summary.summarise(s, c.warmup_steps, {"trial": trial, "order": list(s)},
-                                   regime)
+    per_trial = [bounds.judge(summary.summarise(s, c.warmup_steps,
+                                                {"trial": trial, "order": list(s)}, regime))
                  for trial, s in enumerate(stats)]
     result = dataclasses.replace(
         trials.combine(per_trial),

@@ -22,7 +22,8 @@ def summarise(stats: Stats, warmup_steps: int, settings: Mapping[str, Any],
     keeps step_s, per job the durations of the steps it was measured on, for the bootstrap
     interval (intervals.py). A concurrent scenario whose window is too short
     (throughput.WindowGuard) is left out of the table and every ratio, with the reason under
-    invalid."""
+    invalid. The sanity bounds (analysis/bounds.py) judge the summary afterwards, on its
+    numbers; kept apart, this arithmetic takes any hand-made numbers."""
     seq = stats[registry.SEQUENTIAL]
     table = {registry.solo(job): ScenarioResult({job: s}, s.images_per_s, {job: s.images_per_s})
              for job, s in seq.items()}

@@ -17,7 +17,7 @@ from crossover_tf_planner import registry
 from crossover_tf_planner.comparison import (Comparison, Interval, InvalidRun, OrderDesign,
                                              Spread, Trial)
 from crossover_tf_planner.validate import measured_winner
-from experiments.analysis import intervals
+from experiments.analysis import intervals, planning
 
 
 def williams_square(n: int) -> list[list[int]]:
@@ -74,10 +74,13 @@ def comm_to_compute(trial: Trial | Comparison) -> float:
 
 
 def representative_trial(per_trial: Sequence[Trial]) -> int:
-    """Index of the trial whose primary ratio is the (lower) median; trial 0 when the
-    comparison has no such ratio (e.g. without the naive scenario)."""
+    """Index of the trial whose primary ratio is the (lower) median, among the trials whose
+    sequential run stands when any does (a trial's shown tables and the planner's check rest
+    on it; analysis/bounds.py refuses it in some); trial 0 when the comparison has no such
+    ratio (e.g. without the naive scenario)."""
     key = registry.PRIMARY_RATIO.key
     having = [i for i, t in enumerate(per_trial) if key in t.ratios]
+    having = [i for i in having if registry.SEQUENTIAL in per_trial[i].scenarios] or having
     if not having:
         return 0
     ranked = sorted(having, key=lambda i: per_trial[i].ratios[key])
@@ -88,8 +91,8 @@ def combine(per_trial: Sequence[Trial]) -> Comparison:
     """The comparison from per-trial summaries: the representative trial's scenarios, ratios
     as medians over the trials that measured them with their spread and the bootstrap
     interval (intervals.py) beside them, invalid (per scenario, the trials it was refused in
-    and why), checks (what failed a sanity check, e.g. a measured ratio above its ideal), and
-    every trial."""
+    and why), checks (what failed a sanity check: a measured ratio above its ideal, over all
+    trials or in one), and every trial."""
     if not per_trial:
         raise ValueError("no trials to combine")
     chosen = representative_trial(per_trial)
@@ -104,7 +107,8 @@ def combine(per_trial: Sequence[Trial]) -> Comparison:
     return Comparison(
         per_trial[chosen].scenarios, {name: s.median for name, s in ratio_spread.items()},
         trials=len(per_trial), representative_trial=chosen, ratio_spread=ratio_spread,
-        ratio_interval=found, invalid=invalid, checks=above_ideal(ratio_spread, found),
+        ratio_interval=found, invalid=invalid,
+        checks=above_ideal(ratio_spread, found) + trials_above_ideal(per_trial),
         achieved_comm_to_compute=spread([comm_to_compute(t) for t in per_trial]),
         per_trial=list(per_trial), ideal=per_trial[chosen].ideal)
 
@@ -126,11 +130,34 @@ def above_ideal(ratio_spread: Mapping[str, Spread],
             beyond = f"no interval; above 1 in every trial, lowest {s.min:.3f}"
         else:
             continue
-        flagged.append(
-            f"{crossed} / sequential is above its ideal (measured / ideal {s.median:.3f}; "
-            f"{beyond}): the measurement or the bound is wrong; do not trust this "
-            f"comparison's {crossed} ratios")
+        flagged.append(_above_ideal(crossed, s.median, beyond, "this comparison"))
     return flagged
+
+
+def trials_above_ideal(per_trial: Sequence[Trial]) -> list[str]:
+    """Each trial of several whose measured / ideal lies above 1 beyond its own 95% interval
+    (its steps resampled, intervals.over_ideal_interval), named: one such trial moves the
+    median and widens the spread without lifting the median's interval above 1, so above_ideal
+    alone would let it pass (a single trial's comparison is above_ideal's already)."""
+    if len(per_trial) < 2:
+        return []
+    flagged = []
+    for index, trial in enumerate(per_trial):
+        for crossed, metric in registry.OVER_IDEAL.items():
+            found = intervals.over_ideal_interval([trial], crossed)
+            if found is not None and found.low > 1.0:
+                beyond = (f"this trial's 95% interval {found.low:.3f}–{found.high:.3f} lies "
+                          "wholly above 1")
+                flagged.append(f"trial {index}: " + _above_ideal(
+                    crossed, trial.ratios[metric.key], beyond, f"trial {index}"))
+    return flagged
+
+
+def _above_ideal(crossed: str, value: float, beyond: str, whose: str) -> str:
+    """The sentence flagging a crossed scenario above its ideal (`whose` ratios not to trust)."""
+    return (f"{crossed} / sequential is above its ideal (measured / ideal {value:.3f}; "
+            f"{beyond}): the measurement or the bound is wrong; do not trust {whose}'s "
+            f"{crossed} ratios")
 
 
 VERDICT_RULE = (
@@ -145,15 +172,12 @@ LADDER = (("do not pair", registry.SEQUENTIAL), ("naive", registry.NAIVE))
 
 
 def verdict(result: Comparison) -> dict[str, Any]:
-    """The planner's recommendation (the most frequent over trials) against the measured
-    winner by VERDICT_RULE, on the median ratios the tables show and their intervals; each
-    step's call is kept ("steps"). Each trial's faster policy (validate.measured_winner with
-    no bar) is counted beside it. The measured winner is None without naive/sequential and
+    """The planner's one recommendation (planning.recommendation) against the measured winner
+    by VERDICT_RULE, on the median ratios the tables show and their intervals; each step's
+    call is kept ("steps"). Each trial's faster policy (validate.measured_winner with no bar)
+    is counted beside it. The measured winner is None without naive/sequential and
     crossover/naive."""
     per_trial = result.trials_or_self
-    predicted = collections.Counter(
-        t.planner["recommendation"]["predicted"] for t in per_trial
-        if t.planner and "recommendation" in t.planner)
     ratios = result.ratios
     winner, steps = None, []
     if {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_NAIVE.key} <= set(ratios):
@@ -162,7 +186,7 @@ def verdict(result: Comparison) -> dict[str, Any]:
     trial_winners = collections.Counter(
         measured_winner(_over_sequential(t.ratios), min_gain=0.0)
         for t in per_trial if needed <= set(t.ratios))
-    return {"predicted": predicted.most_common(1)[0][0] if predicted else None,
+    return {"predicted": planning.recommendation(result),
             "measured_winner": winner, "steps": steps,
             "trial_winners": dict(trial_winners.most_common())}
 
