@@ -11,7 +11,8 @@ GitHub) that says how the block is tested:
 
     skip (REASON)              not run here: too long (the main job, the full suite) or it
                                changes shared state (rebuilds the op in place). REASON is
-                               required: what it costs and what runs it instead.
+                               required: what it costs and what runs it instead, a test or
+                               script named by its path (tests/..., scripts/..., .ci/run).
     cannot-run-here (REASON)   needs what this machine lacks (GPU, Kubernetes, Docker, root,
                                several users). REASON is required.
     name NAME                  names the block for `after` (within the same file).
@@ -63,6 +64,8 @@ NOT_REPO_ROOTS = {"runs", "build", "dist"}
 # which would run this file again, inside itself. A block naming one must carry a marker.
 NEVER_INSIDE_THE_SUITE = ("scripts/run_main.sh", "scripts/test.sh", "pytest")
 INSIDE_A_SNIPPET = "CROSSOVER_DOC_SNIPPET"  # set for every block: no nested snippet runs
+# Where a skipped block's command runs instead: a file under one of these (its reason names it).
+COVERING_ROOTS = ("tests/", "scripts/", ".ci/")
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 _MARKER = re.compile(r"^\s*<!--\s*snippet:(?P<body>.*?)-->\s*$")
@@ -267,6 +270,23 @@ def test_every_block_runs_here_or_says_why_not() -> None:
             except LookupError as error:
                 problems.append(str(error))
     assert not problems, "\n".join(problems)
+
+
+def _covering_files(reason: str) -> list[str]:
+    """The repository's tests and scripts that a skip reason names."""
+    tokens = (token.rstrip(".,:;") for token in _PATH_TOKEN.findall(reason))
+    return [t for t in tokens if t.startswith(COVERING_ROOTS) and (REPO_ROOT / t).is_file()]
+
+
+def test_every_skipped_command_names_what_runs_it() -> None:
+    """A command no test runs rots silently (issue 38: a documented benchmark did), so a
+    `skip` block's reason names the test or script that runs its command in a short form.
+    (`cannot-run-here` blocks need what no test machine has; their reason says what.)"""
+    bare = [f"{block.id}: skip ({block.marker.reason})" for block in BLOCKS
+            if block.marker and block.marker.not_run == "skip"
+            and not _covering_files(block.marker.reason)]
+    assert not bare, ("skip reasons that name no existing test or script running the command "
+                      f"({', '.join(COVERING_ROOTS)}):\n" + "\n".join(bare))
 
 
 def _repo_roots() -> set[str]:

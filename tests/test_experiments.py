@@ -7,11 +7,14 @@ import math
 import os
 import pathlib
 import re
+import shutil
+import sys
 
 import numpy as np
 import pytest
 from absl import flags
 
+from conftest import REPO_ROOT, run_bounded
 from crossover_tf_planner.job_stats import JobStats
 from experiments import compare, train
 from experiments.analysis import intervals, report, throughput
@@ -549,6 +552,24 @@ def test_compare_end_to_end_measures_the_shaped_links(tiniest_comparison):
     assert saved["planner"]["link_contention"] == saved["regime"]["link_contention"]
     assert set(attribution["horovod"]["A"]) == {"sequential", "crossover"}
     assert attribution["horovod"]["A"]["crossover"]["transfer_ms"] > 0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_attribute_command_on_the_saved_comparison(tiniest_comparison, tmp_path):
+    """docs/experiments.md's `python -m experiments.attribute --dir=...`, run as documented on
+    a copy of the tiniest comparison's directory: from the saved run alone it writes the
+    attribution the comparison wrote (a command no test runs rots silently, issue 38)."""
+    saved, _ = tiniest_comparison
+    copy = tmp_path / "compare"
+    shutil.copytree(saved, copy, ignore=shutil.ignore_patterns("attribution*"))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = run_bounded([sys.executable, "-m", "experiments.attribute", f"--dir={copy}"],
+                         env, timeout=120, cwd=str(REPO_ROOT))
+    assert result.returncode == 0, result.stdout[-4000:]
+    for suffix in ("json", "md"):
+        written = (copy / f"attribution.{suffix}").read_text()
+        assert written == (saved / f"attribution.{suffix}").read_text(), suffix
 
 
 @pytest.mark.multiprocess

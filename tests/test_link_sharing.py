@@ -1,8 +1,10 @@
-"""experiments.probes --mode=link_sharing and --mode=contention on a real emulated cluster,
-in a module of its own so that their timed probes do not share the machine's cores with
-test_emulated_cluster.py's job tests."""
+"""experiments.probes --mode=calibrate, --mode=link_sharing and --mode=contention (the
+commands docs/experiments.md gives, shortened) on a real emulated cluster, in a module of its
+own so that their timed probes do not share the machine's cores with test_emulated_cluster.py's
+job tests."""
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -33,6 +35,21 @@ def _plan(tmp_path, **overrides):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.netns
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not NETNS_OK, reason=f"needs root and ip netns: {NETNS_REASON}")
+def test_calibrate_probe_prices_an_allreduce_on_its_core(tmp_path):
+    """The comm CPU probe as --mode=calibrate writes it for plan.py's --comm_cpu: 1 MB
+    allreduces at 20 Mbit/s after an idle wait. The prices are CPU time, so no more than the
+    cores a rank can run on, and the file says what it measured."""
+    out = _plan(tmp_path, mode="calibrate", calibrate_seconds=3.0)
+    measured = out["result"]
+    assert 0 <= measured["cpu_per_wait_s"] <= os.cpu_count()
+    assert measured["cpu_s_per_mb"] >= 0 and measured["probe"]["allreduces"] >= 1
+    assert measured["bandwidth_mbit"] == 20.0
+    assert "An allreduce costs its core" in (tmp_path / "calibrate.md").read_text()
 
 
 @pytest.mark.netns
