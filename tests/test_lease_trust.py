@@ -83,12 +83,14 @@ def test_the_join_check_reads_the_segment_it_holds_not_the_name(tmp_path, lease_
     path = segments.segment_path(lease_group, "dev", tmp_path)
     path.rename(tmp_path / "moved-away")
     env = _env(tmp_path)
-    # Two jobs of a forged group on a fresh segment under the name: one holds, one waits.
-    forgers = [subprocess.Popen([str(lease_cli), *args], env={**env, "CROSSOVER_LEASE_JOB": job})
-               for job, args in (("B", ("hold", lease_group, "dev", str(tmp_path / "ready"))),
-                                 ("C", ("acquire", lease_group, "dev", "60", "/dev/null")))]
+    # Two jobs of a forged group on a fresh segment under the name: B holds, then C waits
+    # (C only once B holds: `acquire` exits as soon as it has the lease).
+    forgers = [subprocess.Popen([str(lease_cli), "hold", lease_group, "dev",
+                                 str(tmp_path / "ready")], env={**env, "CROSSOVER_LEASE_JOB": "B"})]
     try:
         wait_for((tmp_path / "ready").exists, 30, "forger B")
+        forgers.append(subprocess.Popen([str(lease_cli), "acquire", lease_group, "dev", "60",
+                                         "/dev/null"], env={**env, "CROSSOVER_LEASE_JOB": "C"}))
         wait_for(lambda: membership.read_snapshot(path).jobs() == {"B", "C"}, 30, "forger C")
         with pytest.raises(tf.errors.FailedPreconditionError, match="renamed, removed or "
                                                                      "replaced"):
