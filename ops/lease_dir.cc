@@ -264,7 +264,7 @@ LeaseStatus CheckSegmentTrust(const std::string& path, const struct stat& st, gi
             std::to_string(me) + "): another user uses this group name; pick another group, "
             "or remove the file if it is stale");
   }
-  if (bits != 0600) {
+  if (bits & 077) {  // 0600, or stricter under a strict umask
     return Denied(
         path + " has permissions " + ModeText(bits) + "; a lease segment must be private to "
             "its owner (0600), unless jobs of several users share it in group mode "

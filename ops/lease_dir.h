@@ -11,8 +11,8 @@
 //  * group mode (several users share a lease): the directory may also belong to a member of
 //    its group; it is writable by that group, never by others (sticky or not), and this job's
 //    user is a member of the group;
-//  * every segment file is a regular file, 0600 and this user's (group mode: 0660, of the
-//    directory's group, its owner root, this user or a member of that group).
+//  * every segment file is a regular file, this user's and private to it (0600; group mode:
+//    0660, of the directory's group, its owner root, this user or a member of that group).
 // Anything else is refused, naming the path, its owner and mode, and the command that fixes it.
 #ifndef CROSSOVER_TF_OPS_LEASE_DIR_H_
 #define CROSSOVER_TF_OPS_LEASE_DIR_H_

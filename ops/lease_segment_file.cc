@@ -122,7 +122,8 @@ LeaseStatus OpenError(const SegmentFile& file) {
   std::string msg = Errno("crossover lease: cannot open segment " + file.path);
   if (error != EACCES && error != EPERM) return LeaseStatus::Error(LeaseCode::kInternal, msg);
   struct stat st;
-  if (lstat(file.path.c_str(), &st) != 0 && errno == ENOENT) {  // nothing there: the directory
+  const bool exists = lstat(file.path.c_str(), &st) == 0;
+  if (!exists && errno == ENOENT) {  // nothing there: the directory refused the creation
     return LeaseStatus::Error(
         LeaseCode::kPermissionDenied,
         "crossover lease: cannot create segment " + file.path + ": the lease directory " +
@@ -137,9 +138,10 @@ LeaseStatus OpenError(const SegmentFile& file) {
            "the lease directory " + file.dir + " (gid " + std::to_string(file.dir_gid) +
            "), which must let that group in (e.g. mode 2770)";
   } else {
-    msg += "; it belongs to another user (" + DescribeFile(file.path, st) + "): jobs of several "
-           "users share a lease in group mode (shared_group), in a directory of a group they "
-           "all belong to";
+    msg += "; it belongs to another user" +
+           (exists ? " (" + DescribeFile(file.path, st) + ")" : std::string()) +
+           ": jobs of several users share a lease in group mode (shared_group), in a "
+           "directory of a group they all belong to";
   }
   return LeaseStatus::Error(LeaseCode::kPermissionDenied, msg);
 }
@@ -248,6 +250,8 @@ bool IsOurLayout(const SharedLease* s) {
 
 }  // namespace
 
+namespace {
+
 // Gives a fresh (empty) segment file its blocks before it is mapped: a sparse file on a full
 // file system would kill the first process that writes to the mapping with SIGBUS, and stay
 // behind to kill the next. On failure the fresh file, whose flock we hold, is removed.
@@ -268,6 +272,8 @@ LeaseStatus AllocateFresh(int fd, const SegmentFile& file) {
           ": " + free_text + "). Free space there, or point CROSSOVER_LEASE_DIR at a "
           "directory with room (Docker's default /dev/shm is 64 MB: --shm-size)");
 }
+
+}  // namespace
 
 // Everything that decides what the segment is happens under flock() on its inode, so
 // concurrent starters agree on one segment: a creator holds the lock until the segment is
