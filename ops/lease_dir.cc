@@ -63,14 +63,35 @@ bool ProcessInGroup(gid_t gid) {
   return false;
 }
 
+
+// Whether uid is a member of gid (its primary group, or listed among gid's members), by the
+// user database; kUnknown when the database does not know uid.
+enum class Membership { kMember, kNotMember, kUnknown };
+
+Membership MembershipOf(uid_t uid, gid_t gid) {
+  std::vector<char> buf(16384);
+  struct passwd pw, *found = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return Membership::kUnknown;
+  }
+  if (pw.pw_gid == gid) return Membership::kMember;
+  const std::string name = pw.pw_name;
+  std::vector<char> gbuf(1 << 16);
+  struct group gr, *group = nullptr;
+  if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &group) != 0 || group == nullptr) {
+    return Membership::kNotMember;
+  }
+  for (char** member = gr.gr_mem; member && *member; ++member) {
+    if (name == *member) return Membership::kMember;
+  }
+  return Membership::kNotMember;
+}
+
 // uid is a member of gid, or the user database does not know uid (a job started with a bare
 // uid, e.g. by setpriv or a container runtime): its membership cannot be told here, and the
 // directory rule already kept users outside the group from writing in the directory.
 bool MaybeInGroup(uid_t uid, gid_t gid) {
-  std::vector<char> buf(16384);
-  struct passwd pw, *found = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return true;
-  return UidInGroup(uid, gid);
+  return MembershipOf(uid, gid) != Membership::kNotMember;
 }
 
 // Why an ancestor, or a private-mode lease directory, is not safe; "" if it is.
@@ -160,22 +181,8 @@ std::string ModeText(mode_t mode) {
   return text;
 }
 
-bool UidInGroup(uid_t uid, gid_t gid) {
-  std::vector<char> buf(16384);
-  struct passwd pw, *found = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return false;
-  if (pw.pw_gid == gid) return true;
-  const std::string name = pw.pw_name;
-  std::vector<char> gbuf(1 << 16);
-  struct group gr, *group = nullptr;
-  if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &group) != 0 || group == nullptr) {
-    return false;
-  }
-  for (char** member = gr.gr_mem; member && *member; ++member) {
-    if (name == *member) return true;
-  }
-  return false;
-}
+
+bool UidInGroup(uid_t uid, gid_t gid) { return MembershipOf(uid, gid) == Membership::kMember; }
 
 LeaseStatus CheckDirTrust(const std::string& dir, DirUse use, bool* group_mode) {
   const uid_t me = geteuid();

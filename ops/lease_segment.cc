@@ -56,7 +56,9 @@ LeaseSegment::LeaseSegment(std::string name, std::string path, std::string job, 
       path_(std::move(path)),
       shared_(shared),
       lock_fd_(fd),
-      job_(std::move(job)) {}
+      job_(std::move(job)) {
+  fstat(fd, &held_);
+}
 
 LeaseSegment::~LeaseSegment() {
   munmap(shared_, sizeof(SharedLease));
@@ -141,11 +143,7 @@ bool LeaseSegment::SlotAlive(int slot, uint64_t nonce) const {
 }
 
 LeaseStatus LeaseSegment::CheckNamed() const {
-  struct stat held, named;
-  if (lock_fd_ >= 0 && fstat(lock_fd_, &held) == 0 && lstat(path_.c_str(), &named) == 0 &&
-      held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
-    return LeaseStatus::Ok();
-  }
+  if (NameRefersTo(path_, held_)) return LeaseStatus::Ok();
   return LeaseStatus::Error(
       LeaseCode::kFailedPrecondition,
       "crossover lease segment " + path_ + " was renamed, removed or replaced while this job "
@@ -165,10 +163,7 @@ void LeaseSegment::RemoveIfLast() {
   }
   // Any lock by another open file description (a member's presence or slot, an opener past
   // the flock) means someone is live on it. Opening files hold the flock until they are.
-  struct stat held, named;
-  if (LiveProcess(lock_fd_).empty() && fstat(lock_fd_, &held) == 0 &&
-      lstat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
-      held.st_dev == named.st_dev) {
+  if (LiveProcess(lock_fd_).empty() && NameRefersTo(path_, held_)) {
     unlink(path_.c_str());  // may fail (a sticky directory, another member's file): harmless
   }
   flock(lock_fd_, LOCK_UN);

@@ -35,6 +35,7 @@
 #define CROSSOVER_TF_OPS_LEASE_SEGMENT_H_
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -121,6 +122,8 @@ std::string SegmentName(const std::string& group, const std::string& device_key)
 // the segment file in it. dir "" is kDefaultLeaseDir.
 LeaseStatus ResolveSegmentFile(const std::string& dir, const std::string& name,
                                bool shared_group, SegmentFile* out);
+// True if path still names the file whose fstat is st (not renamed, removed or replaced).
+bool NameRefersTo(const std::string& path, const struct stat& st);
 // Opens the segment file, creating it if missing and replacing it if it is stale or of another
 // layout while nobody uses it; on success *fd_out holds the presence lock and *shared_out the
 // mapping. What it replaced goes to warnings.
@@ -179,6 +182,7 @@ class LeaseSegment {
   const std::string name_;
   const std::string path_;
   SharedLease* const shared_;
+  struct stat held_ = {};  // the mapped file's fstat (its inode never changes): CheckNamed
   std::atomic<uint64_t> my_nonce_{0};    // read lock-free by liveness checks
   std::atomic<uint64_t> recoveries_{0};  // repairs this process made
   std::mutex identity_mu_;  // guards what follows; never taken inside the shared mutex

@@ -177,12 +177,6 @@ LeaseStatus FlockBounded(int fd, const std::string& path, int64_t deadline) {
   }
 }
 
-// True if the name still refers to the inode we hold open (it was not replaced meanwhile).
-bool NameRefersTo(const std::string& path, const struct stat& st) {
-  struct stat named;
-  return lstat(path.c_str(), &named) == 0 && named.st_ino == st.st_ino &&
-         named.st_dev == st.st_dev;
-}
 
 // A segment's layout as its header tells it, read without mapping it (it may be any size).
 struct Layout {
@@ -274,6 +268,13 @@ LeaseStatus AllocateFresh(int fd, const SegmentFile& file) {
 }
 
 }  // namespace
+
+// True if the name still refers to the inode we hold open (it was not replaced meanwhile).
+bool NameRefersTo(const std::string& path, const struct stat& st) {
+  struct stat named;
+  return lstat(path.c_str(), &named) == 0 && named.st_ino == st.st_ino &&
+         named.st_dev == st.st_dev;
+}
 
 // Everything that decides what the segment is happens under flock() on its inode, so
 // concurrent starters agree on one segment: a creator holds the lock until the segment is
