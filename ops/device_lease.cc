@@ -24,8 +24,10 @@ bool ValidChars(const std::string& s, size_t max_len, bool (*allowed)(char) = Na
 
 // Who is live on the segment (a member's mapping under the mutex, or an observer's copy);
 // dead entries are skipped, not repaired. slot_alive(i, nonce): slot i is a live member's.
+// now: HostMonoNs taken before s was read, so that the holder's current hold, counted up to
+// it, never exceeds what its release will count (an observer's counters never go back).
 LeaseSnapshot TakeSnapshot(const SharedLease& s,
-                           const std::function<bool(int, uint64_t)>& slot_alive) {
+                           const std::function<bool(int, uint64_t)>& slot_alive, int64_t now) {
   auto live = [&](const Owner& o) {
     return o.slot >= 0 && o.slot < kMaxProcesses && s.slots[o.slot].nonce == o.nonce &&
            slot_alive(o.slot, o.nonce);
@@ -34,11 +36,18 @@ LeaseSnapshot TakeSnapshot(const SharedLease& s,
   for (int i = 0; i < kMaxProcesses; ++i) {
     const Slot& slot = s.slots[i];
     if (!slot_alive(i, slot.nonce)) continue;
-    snap.members.push_back(LeaseMember{ReadJob(slot.job), slot.pid, slot.pid_ns,
-                                       !s.holder.empty() && s.holder.nonce == slot.nonce});
+    const bool holding = !s.holder.empty() && s.holder.nonce == slot.nonce;
+    snap.members.push_back(LeaseMember{ReadJob(slot.job), slot.pid, slot.pid_ns, holding,
+                                       s.usage[i]});
+    if (holding) {
+      snap.held_for_ns = std::max<int64_t>(0, now - s.held_since_host_mono_ns);
+      snap.members.back().usage.hold_ns += snap.held_for_ns;
+    }
   }
   if (!s.holder.empty() && live(s.holder)) snap.held_since_wall_ns = s.held_since_wall_ns;
-  const int64_t now = HostMonoNs();
+  snap.overlapping_holds = s.overlapping_holds.load();
+  snap.handoffs = s.total_handoffs;
+  snap.recoveries = s.total_recoveries;
   for (int i = 0; i < std::clamp(s.queue.size, 0, kMaxWaiters); ++i) {
     const Waiter& w = s.queue.entries[i];
     if (w.deadline_host_mono_ns < now || w.who.empty() || !live(w.who)) continue;
@@ -46,6 +55,30 @@ LeaseSnapshot TakeSnapshot(const SharedLease& s,
                                      w.who.pid_ns, w.priority, w.since_wall_ns});
   }
   return snap;
+}
+
+void CountAcquire(LeaseUsage* u, int64_t waited_ns, bool handoff, bool contended) {
+  u->acquires++;
+  u->contended += contended;
+  u->handoffs += handoff;
+  u->wait_ns += waited_ns;
+  int bucket = 0;
+  while (bucket < kWaitBuckets - 1 && waited_ns > kWaitBucketUpperNs[bucket]) ++bucket;
+  u->wait_buckets[bucket]++;
+}
+
+// The overlapping-hold check (SharedLease::inside): on the way into a hold, another live
+// process's nonce there means two holds at once. Counted on entry only, once per overlap.
+void EnterHold(SharedLease* s, uint64_t nonce) {
+  uint64_t found = 0;
+  if (!s->inside.compare_exchange_strong(found, nonce) && found != nonce) {
+    s->overlapping_holds.fetch_add(1);
+    s->inside.store(nonce);
+  }
+}
+// On the way out: clears our mark, never another process's.
+void LeaveHold(SharedLease* s, uint64_t nonce) {
+  s->inside.compare_exchange_strong(nonce, 0);
 }
 
 }  // namespace
@@ -128,10 +161,11 @@ LeaseStatus DeviceLease::Inspect(const std::string& path, double bound_s, LeaseS
                               "crossover lease inspection bound must be in (0, " +
                                   std::to_string(static_cast<int>(kMaxInspectBoundS)) + "] s");
   }
-  return ReadSegment(path, bound_s, [out](int fd, const SharedLease& s) {
+  const int64_t now = HostMonoNs();
+  return ReadSegment(path, bound_s, [out, now](int fd, const SharedLease& s) {
     *out = TakeSnapshot(s, [fd](int slot, uint64_t nonce) {
       return nonce != 0 && SlotLocked(fd, slot);
-    });
+    }, now);
   });
 }
 
@@ -166,7 +200,7 @@ LeaseStatus DeviceLease::Members(LeaseSnapshot* out) {
   const LeaseSegment* segment = segment_.get();
   *out = TakeSnapshot(*segment_->shared(), [segment](int slot, uint64_t nonce) {
     return segment->SlotAlive(slot, nonce);
-  });
+  }, HostMonoNs());
   return LeaseStatus::Ok();
 }
 
@@ -202,9 +236,12 @@ LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag, int32_t priority
   s->holder = me;
   s->last_holder = me;
   s->held_since_wall_ns = WallNs();
+  s->held_since_host_mono_ns = HostMonoNs();
   if (handoff) ++s->total_handoffs;
+  CountAcquire(&s->usage[me.slot], MonoNs() - start_mono, handoff, contended);
   const int64_t acquired_wall = s->held_since_wall_ns;
   locked.Unlock();
+  EnterHold(s, me.nonce);
   RecordAcquired(request_wall, acquired_wall, start_mono, handoff, contended, tag, priority);
   return LeaseStatus::Ok();
 }
@@ -305,6 +342,8 @@ LeaseStatus DeviceLease::Release(double reserve_s) {
     s->reserved_until_host_mono_ns =
         released_mono - TimeNamespaceOffsetNs() + static_cast<int64_t>(reserve_s * 1e9);
   }
+  s->usage[me.slot].hold_ns += HostMonoNs() - s->held_since_host_mono_ns;
+  LeaveHold(s, me.nonce);
   s->holder = Owner{};
   s->wake_seq.fetch_add(1);
   const bool wake = s->queue.size > 0;

@@ -78,6 +78,7 @@ struct LeaseMember {
   int32_t pid = 0;
   uint64_t pid_ns = 0;
   bool holding = false;
+  LeaseUsage usage;  // its counters; hold_ns includes its current hold
 };
 struct LeaseWaiter {  // one waiting thread, in queue order
   std::string job;
@@ -90,6 +91,9 @@ struct LeaseSnapshot {
   std::vector<LeaseMember> members;  // live slots
   std::vector<LeaseWaiter> queue;
   int64_t held_since_wall_ns = 0;    // 0: free
+  int64_t held_for_ns = 0;           // the current hold so far (host CLOCK_MONOTONIC)
+  uint64_t overlapping_holds = 0;    // SharedLease::inside's count: must be 0
+  uint64_t handoffs = 0, recoveries = 0;  // the lease's totals, all members together
 };
 
 class LeaseSegment;

@@ -749,7 +749,7 @@ void TestOlderLayoutInUseIsRefused() {
   EXPECT(refused.code == LeaseCode::kPermissionDenied &&
              Contains(refused.message, "found 4800 bytes") &&
              Contains(refused.message, "layout version 3 (legacy") &&
-             Contains(refused.message, "layout version 7") && Contains(refused.message, "in use"),
+             Contains(refused.message, "layout version 8") && Contains(refused.message, "in use"),
          refused.message);
   EXPECT(kept, "a segment in use was replaced");
   const LeaseStatus replaced = DeviceLease::Get(g.group, g.key, &lease);
@@ -836,6 +836,90 @@ void TestMembersAndInspect() {
   const LeaseStatus s = DeviceLease::Inspect(absent, 1, &snap);
   struct stat st;
   EXPECT(!s.ok() && Contains(s.message, absent) && stat(absent.c_str(), &st) != 0, s.message);
+}
+
+// What an observer reads of each member (the exporter's counters): acquisitions, waits by
+// bucket, hand-offs, holds (the current one included, never more than its release counts).
+void TestUsageCounters() {
+  TempDir dir;
+  TestGroup g("usage", dir.path);
+  auto lease = g.Open("jobA");
+  HolderChild holder(g);
+  std::atomic<bool> acquired{false};
+  std::thread waiter([&] { acquired = lease->Acquire(5, 0).ok(); });
+  usleep(50000);
+  EXPECT(holder.LetGo() == 0, "holder");
+  waiter.join();
+  EXPECT(acquired, "acquire");
+  usleep(30000);
+  LeaseSnapshot during, after;
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &during).ok() && during.members.size() == 1,
+         during.members.size() << " members");
+  EXPECT(lease->Release().ok(), "release");
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &after).ok() && after.members.size() == 1, "after");
+  const LeaseUsage& u = during.members[0].usage;
+  EXPECT(during.members[0].holding && u.acquires == 1 && u.contended == 1 && u.handoffs == 1,
+         u.acquires << " " << u.contended << " " << u.handoffs);
+  EXPECT(u.wait_ns > 40000000 && u.wait_ns < 5000000000LL, u.wait_ns);
+  EXPECT(u.wait_buckets[3] == 1, "a 50 ms wait is in the (10 ms, 100 ms] bucket");
+  EXPECT(u.hold_ns >= 30000000 && during.held_for_ns == u.hold_ns, "current hold " << u.hold_ns);
+  const LeaseUsage& v = after.members[0].usage;
+  EXPECT(v.hold_ns >= u.hold_ns && v.hold_ns < u.hold_ns + 1000000000, v.hold_ns);
+  EXPECT(!after.members[0].holding && after.held_for_ns == 0, "released");
+  EXPECT(after.overlapping_holds == 0 && after.handoffs == 1, after.overlapping_holds);
+}
+
+// The overlapping-hold check counts a hold begun while another process is inside one, and
+// not a dead holder's hold that the next one reclaims.
+void TestOverlappingHoldsAreCounted() {
+  TempDir dir;
+  TestGroup g("overlap", dir.path);
+  auto lease = g.Open();
+  const pid_t dies_holding = Spawn([&] { return g.Open()->Acquire(5, 0).ok() ? 0 : 1; });
+  EXPECT(Reap(dies_holding) == 0, "child");
+  EXPECT(lease->Acquire(5, 0).ok() && lease->Release().ok(), "reclaimed");
+  LeaseSnapshot snap;
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.overlapping_holds == 0,
+         snap.overlapping_holds << " after a dead holder");
+  LeaseTestHooks::MarkInside(*lease, 12345);  // "another process is inside its hold"
+  EXPECT(lease->Acquire(5, 0).ok() && lease->Release().ok(), "acquire");
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.overlapping_holds == 1,
+         snap.overlapping_holds << " overlaps");
+  EXPECT(lease->Acquire(5, 0).ok() && lease->Release().ok(), "acquire");
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.overlapping_holds == 1,
+         "a clean hold counted: " << snap.overlapping_holds);
+}
+
+// Link-turn waits are counted in the waiting member's slot.
+void TestLinkTurnUsage() {
+  TempDir dir;
+  TestGroup g("turn_usage", dir.path);
+  auto turn = g.OpenLinkTurn();
+  EXPECT(JoinAndStart(*turn, 0, 2), "join");
+  int in_turn[2];
+  EXPECT(pipe(in_turn) == 0, "pipe");
+  const pid_t peer = Spawn([&] {  // joins second, so it turns first
+    auto mine = g.OpenLinkTurn();
+    bool skipped = true;
+    if (!JoinAndStart(*mine, 1, 2) || !mine->Wait(5, &skipped).ok() || skipped) return 2;
+    char byte = 't';
+    if (write(in_turn[1], &byte, 1) != 1) return 3;
+    usleep(60000);
+    return mine->Done().ok() && mine->Leave().ok() ? 0 : 4;
+  });
+  char byte;
+  EXPECT(read(in_turn[0], &byte, 1) == 1, "the peer did not take its turn");
+  bool skipped = true;
+  EXPECT(turn->Wait(5, &skipped).ok() && !skipped, "wait");
+  EXPECT(Reap(peer) == 0, "peer");
+  LeaseSnapshot snap;
+  EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.members.size() == 1, "inspect");
+  const LeaseUsage& u = snap.members[0].usage;
+  EXPECT(u.link_turns == 1 && u.link_turn_waits == 1 && u.link_turn_wait_ns > 30000000,
+         u.link_turns << " " << u.link_turn_waits << " " << u.link_turn_wait_ns);
+  EXPECT(turn->Done().ok() && turn->Leave().ok(), "done");
+  close(in_turn[0]);
+  close(in_turn[1]);
 }
 
 void TestJobLabels() {
@@ -1087,6 +1171,9 @@ const Test kTests[] = {
     {"validation", TestValidation},
     {"queue_repair", TestQueueRepair},
     {"reentrant_and_stats", TestReentrantAndStats},
+    {"usage_counters", TestUsageCounters},
+    {"overlapping_holds_are_counted", TestOverlappingHoldsAreCounted},
+    {"link_turn_usage", TestLinkTurnUsage},
     {"failed_drain_still_releases", TestFailedDrainStillReleases},
     {"foreign_or_open_segment_refused", TestForeignOrOpenSegmentRefused},
     {"stopped_inside_critical_section", TestStoppedInsideCriticalSection},

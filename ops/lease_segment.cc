@@ -99,6 +99,7 @@ LeaseStatus LeaseSegment::ClaimSlotLocked() {
   record.pid = me.pid;
   record.pid_ns = me.pid_ns;
   WriteJob(record.job, job_.empty() ? DefaultJob() : job_);
+  shared_->usage[slot] = LeaseUsage{};  // the slot's previous member's counters are not ours
   locked.Unlock();
   me_ = me;
   my_nonce_.store(me.nonce);
@@ -244,6 +245,8 @@ void SegmentLock::DropDead() {
   if (!s_->holder.empty() && !alive(s_->holder)) {
     Warn("holder pid " + std::to_string(s_->holder.pid) + " of " + segment_->name() +
          " is gone; reclaiming the lease");
+    uint64_t dead = s_->holder.nonce;  // it never left its hold: clear its overlap mark
+    s_->inside.compare_exchange_strong(dead, 0);
     s_->holder = Owner{};
     ++repaired;
   }

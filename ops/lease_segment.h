@@ -102,6 +102,14 @@ struct SharedLease {
   uint64_t total_handoffs;
   uint64_t total_recoveries;
   LinkTurnEntry link_turns[kMaxLinkTurnJobs];  // indexed by position
+  int64_t held_since_host_mono_ns;  // the holder's hold, on the clock every member reads alike
+  LeaseUsage usage[kMaxProcesses];  // per slot, for observers (the exporter)
+  // An exclusion check that does not trust the holder field: a process sets `inside` to its
+  // nonce once it returns from Acquire holding the device, and clears it in Release; finding
+  // another's nonce there (a live one: a dead holder's is cleared by DropDead) counts an
+  // overlapping hold. Lock-free, outside the mutex on the way in. Must stay 0.
+  std::atomic<uint64_t> inside;
+  std::atomic<uint64_t> overlapping_holds;
 };
 
 // Wakes every thread waiting on the segment's futex word (bumping it first).

@@ -29,11 +29,12 @@ namespace {
 // was "CROSSOV<version>" and their size sat where the version is now (see ReadLayout).
 constexpr uint64_t kMagic = 0x5341454c534f5243ULL;  // "CROSLEAS": never changes
 #ifdef CROSSOVER_LEASE_TEST_LAYOUT_PAD
-constexpr uint32_t kLayoutVersion = 1007;  // a test build with another layout (ops/Makefile)
+constexpr uint32_t kLayoutVersion = 1008;  // a test build with another layout (ops/Makefile)
 #else
 // 6: slots carry their member's job label; 7: queue deadlines and reservations on the host's
-// CLOCK_MONOTONIC (HostMonoNs), whatever a member's time namespace.
-constexpr uint32_t kLayoutVersion = 7;
+// CLOCK_MONOTONIC (HostMonoNs), whatever a member's time namespace; 8: each slot's usage
+// counters (LeaseUsage) and the overlapping-hold check, for observers (the exporter).
+constexpr uint32_t kLayoutVersion = 8;
 #endif
 constexpr uint64_t kLegacyMagicMask = 0x00ffffffffffffffULL;  // "CROSSOV" without the digit
 constexpr uint64_t kLegacyMagicPrefix = 0x00564f53534f5243ULL;

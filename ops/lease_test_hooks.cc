@@ -14,5 +14,8 @@ void LeaseTestHooks::LockInternal(DeviceLease& lease) {
 }
 void LeaseTestHooks::SetInitDelayMs(int ms) { SetSegmentInitDelayMs(ms); }
 WaiterQueue& LeaseTestHooks::Queue(DeviceLease& lease) { return lease.segment_->shared()->queue; }
+void LeaseTestHooks::MarkInside(DeviceLease& lease, uint64_t nonce) {
+  lease.segment_->shared()->inside.store(nonce);
+}
 
 }  // namespace crossover

@@ -15,6 +15,9 @@ struct LeaseTestHooks {
   // Makes segment creation pause this long between sizing and initialising the segment.
   static void SetInitDelayMs(int ms);
   static WaiterQueue& Queue(DeviceLease& lease);
+  // Marks the segment as if the process of `nonce` were inside a hold (the overlapping-hold
+  // check's word) while the holder field says otherwise: a broken exclusion, made on purpose.
+  static void MarkInside(DeviceLease& lease, uint64_t nonce);
 };
 
 }  // namespace crossover

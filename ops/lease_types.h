@@ -44,6 +44,27 @@ constexpr int kMaxLinkTurnJobs = 8;                // jobs of one group that tak
 // a primary never queues behind a secondary.
 enum LeasePriority : int32_t { kSecondary = 0, kNormal = 1, kPrimary = 2 };
 
+// Upper bounds of the acquire-wait histogram's buckets (the last bucket counts the rest). The
+// exporter serves them as seconds (crossover_tf/lease/exporter_metrics.py: WAIT_BUCKETS_S).
+constexpr int kWaitBuckets = 8;
+constexpr int64_t kWaitBucketUpperNs[kWaitBuckets - 1] = {
+    100000, 1000000, 10000000, 100000000, 1000000000, 10000000000, 60000000000};
+
+// What one member did with a lease since it joined, kept in the segment (one per slot, zeroed
+// when a process claims the slot) so that an observer can read it without asking the member:
+// the exporter's per-job counters. Cumulative and never decreasing while the member lives.
+struct LeaseUsage {
+  uint64_t acquires = 0;
+  uint64_t contended = 0;     // acquisitions that had to wait behind a holder or a waiter
+  uint64_t handoffs = 0;      // acquisitions that took over from another process
+  int64_t hold_ns = 0;        // finished holds (an observer adds the current one)
+  int64_t wait_ns = 0;        // from asking to holding, every acquisition
+  uint64_t wait_buckets[kWaitBuckets] = {};  // acquisitions by wait (kWaitBucketUpperNs)
+  uint64_t link_turns = 0;    // link turns taken
+  uint64_t link_turn_waits = 0;  // ... of which waited for another job
+  int64_t link_turn_wait_ns = 0;
+};
+
 // Where a segment lives and who this process is on it (DeviceLease::Get, LinkTurn::Get).
 struct LeaseOptions {
   std::string dir;            // "": kDefaultLeaseDir; must exist, on a local file system

@@ -161,6 +161,13 @@ LeaseStatus LinkTurn::Wait(double wait_s, bool* skipped) {
   // Stamped under the mutex, like the lease's release: the predecessor's done_ns was taken
   // before its count went up, so the two turns never seem to overlap in the timelines.
   const int64_t start_wall = WallNs();
+  const int32_t slot = Table()[position].who.slot;
+  if (slot >= 0 && slot < kMaxProcesses) {  // for observers (the exporter)
+    LeaseUsage& usage = segment_->shared()->usage[slot];
+    usage.link_turns++;
+    usage.link_turn_waits += waited;
+    usage.link_turn_wait_ns += MonoNs() - start;
+  }
   locked.Unlock();
   const double seconds = (MonoNs() - start) / 1e9;
   std::lock_guard<std::mutex> local(mu_);

@@ -85,16 +85,18 @@ cd "$ROOT"
 trap 'timeout 120 bazel --noworkspace_rc --bazelrc="$RC" shutdown || true' EXIT
 
 t0=$(date +%s)
-"${BAZEL[@]}" build //ops:_lease_ops.so //ops:device_lease_test
-log "bazel build //ops:_lease_ops.so //ops:device_lease_test: ok in $(( $(date +%s) - t0 )) s"
+"${BAZEL[@]}" build //ops:_lease_ops.so //ops:_lease_observer.so //ops:device_lease_test
+log "bazel build //ops:_lease_ops.so //ops:_lease_observer.so //ops:device_lease_test: ok in $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
 "${BAZEL[@]}" test --nocache_test_results --test_output=errors //ops:device_lease_test
 log "bazel test //ops:device_lease_test: $(tail -n 1 bazel-testlogs/ops/device_lease_test/test.log) in $(( $(date +%s) - t0 )) s"
 
 LIB="$ROOT/bazel-bin/ops/_lease_ops.so"
-CROSSOVER_LEASE_OPS="$LIB" TF_CPP_MIN_LOG_LEVEL=2 "$PY" - <<'PY'
+CROSSOVER_LEASE_OPS="$LIB" CROSSOVER_LEASE_OBSERVER="$ROOT/bazel-bin/ops/_lease_observer.so" \
+  TF_CPP_MIN_LOG_LEVEL=2 "$PY" - <<'PY'
 import os, uuid
 from crossover_tf import lease
+from crossover_tf.lease import observer
 from crossover_tf.lease.segments import remove_group_segments
 
 group = f"bazel{uuid.uuid4().hex[:8]}"
@@ -103,11 +105,14 @@ try:
     device = lease.DeviceLease(group, "cpu0", timeout_s=30)
     device.acquire()
     held = device.stats().held
+    seen = observer.observe(device.path)
     device.release()
     stats = device.stats()
     assert held and stats.acquires == 1 and not stats.held, stats
+    assert seen.holder is not None and seen.holder.usage.acquires == 1, seen
     print(f"loaded {os.environ['CROSSOVER_LEASE_OPS']} in TensorFlow: took and gave back a "
-          f"lease ({stats.acquires} acquire, held then {held}, now {stats.held})")
+          f"lease ({stats.acquires} acquire, held then {held}, now {stats.held}); "
+          f"{os.environ['CROSSOVER_LEASE_OBSERVER']} saw the holder")
 finally:
     remove_group_segments([group])
 PY

@@ -1,13 +1,18 @@
 """What the lease tests that run real processes share: other uids (setpriv), a group directory,
-and a bounded wait (conftest's lease_cli fixture builds the core's CLI)."""
+a bounded wait, and the node exporter run and scraped as an operator would (conftest's lease_cli
+fixture builds the core's CLI)."""
 from __future__ import annotations
 
 import contextlib
 import os
 import pathlib
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from typing import Callable, Iterator
 
 import pytest
@@ -58,3 +63,48 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None
     while not condition():
         assert time.monotonic() < deadline, f"{what} not within {timeout} s"
         time.sleep(0.02)
+
+
+# ----- the node exporter ----------------------------------------------------------------------
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample the exporter serves, keyed by (name, labels)."""
+    from prometheus_client import parser  # the tests that scrape skip without it
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in parser.text_string_to_metric_families(text)
+            for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The one sample of name whose labels include these."""
+    found = [v for (n, ls), v in samples.items()
+             if n == name and set(labels.items()) <= set(ls)]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+@contextlib.contextmanager
+def exporter(lease_dir: pathlib.Path, env: dict[str, str]) -> Iterator[int]:
+    """The exporter as an operator starts it, on a free loopback port; stopped afterwards."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "crossover_tf.lease", "exporter", "--port",
+                             str(port), "--address", "127.0.0.1", "--lease_dir", str(lease_dir)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "serving http://127.0.0.1:" in line, line + proc.stdout.read()
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()

@@ -4,13 +4,14 @@ Run under `horovodrun --gloo` by tests/test_strategy.py. Writes JSON with per-st
 Keras logged them on this rank, final weights, lease stats and timeline.
 
   strategy_worker.py OUT --group G [--steps N] [--epochs E] [--reference] [--save DIR]
-                     [--bad_xla] [--group_per_rank] [--link_turn P]
+                     [--bad_xla] [--group_per_rank] [--link_turn P] [--job J] [--linger PATH]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -75,6 +76,9 @@ def main() -> None:
     parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
     parser.add_argument("--epochs", type=int, default=1, help="--steps split over this many")
     parser.add_argument("--link_turn", type=int, default=None, help="position of 2 jobs")
+    parser.add_argument("--job", default="", help="the job's label on the lease")
+    parser.add_argument("--linger", default="", help="after writing OUT, stay on the lease "
+                        "(holding nothing) until this file exists, for at most 120 s")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(7)
@@ -93,7 +97,8 @@ def main() -> None:
             hvd.init()
             group = f"{args.group}{hvd.rank()}"
         strategy = crossover_tf.CrossoverStrategy(
-            group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60),
+            group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60,
+                                                   job=args.job or None),
             link_turn=(None if args.link_turn is None
                        else crossover_tf.LinkTurnOptions(position=args.link_turn)))
         rank = strategy.rank
@@ -127,8 +132,12 @@ def main() -> None:
     result.update(rank=rank, losses=record.losses,
                   weights=[w.tolist() for w in model.get_weights()])
     path = args.out.replace("RANK", str(rank))
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump(result, f)
+    os.replace(path + ".tmp", path)
+    deadline = time.monotonic() + 120
+    while args.linger and not os.path.exists(args.linger) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,22 @@ allreduces, `segments` resolves the lease directory and names the segment files 
 no TensorFlow), `membership` reads who is on a lease, `group_join` waits for a group's jobs,
 `status` is `python -m crossover_tf.lease status`.
 """
-from crossover_tf.lease.device_lease import (MAX_RESERVE_S, MAX_TIMEOUT_S, PRIORITIES,
-                                             TAG_APPLY, TAG_COMPUTE, TAG_OTHER,
-                                             DeviceLease, LeaseStats, validate_priority,
-                                             validate_reserve, validate_timeout)
-from crossover_tf.lease.group_join import GroupIncomplete
-from crossover_tf.lease.link_turn import (LinkTurn, TurnStats, validate_turn,
-                                          validate_turn_priority)
-from crossover_tf.lease.loader import load_library
-from crossover_tf.lease.membership import LeaseSnapshot, Member, Waiter, validate_job
-from crossover_tf.lease.segments import LeaseDirError, resolve_lease_dir
+from crossover_tf._lazy import lazy_exports
 
-__all__ = ["MAX_RESERVE_S", "MAX_TIMEOUT_S", "PRIORITIES", "TAG_APPLY",
-           "TAG_COMPUTE", "TAG_OTHER", "DeviceLease", "GroupIncomplete", "LeaseDirError",
-           "LeaseSnapshot", "LeaseStats", "LinkTurn", "Member", "TurnStats", "Waiter",
-           "load_library", "resolve_lease_dir", "validate_job", "validate_priority",
-           "validate_reserve", "validate_timeout", "validate_turn", "validate_turn_priority"]
+# Imported on first use (crossover_tf/_lazy.py): `segments`, `observer` and `exporter` need no
+# TensorFlow, and importing them must not import it through this package.
+_MODULES = {
+    "crossover_tf.lease.device_lease": ["MAX_RESERVE_S", "MAX_TIMEOUT_S", "PRIORITIES",
+                                        "TAG_APPLY", "TAG_COMPUTE", "TAG_OTHER", "DeviceLease",
+                                        "LeaseStats", "validate_priority", "validate_reserve",
+                                        "validate_timeout"],
+    "crossover_tf.lease.group_join": ["GroupIncomplete"],
+    "crossover_tf.lease.link_turn": ["LinkTurn", "TurnStats", "validate_turn",
+                                     "validate_turn_priority"],
+    "crossover_tf.lease.loader": ["load_library"],
+    "crossover_tf.lease.membership": ["LeaseSnapshot", "Member", "Waiter", "validate_job"],
+    "crossover_tf.lease.segments": ["LeaseDirError", "resolve_lease_dir"],
+}
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__all__ = sorted(_EXPORTS)

@@ -1,6 +1,6 @@
-"""`python -m crossover_tf.lease status [--lease_dir DIR] [--group G]` (see status.py)."""
+"""`python -m crossover_tf.lease status | exporter [--lease_dir DIR] [--group G]` (cli.py)."""
 import sys
 
-from crossover_tf.lease.status import main
+from crossover_tf.lease.cli import main
 
 sys.exit(main())

@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from crossover_tf.lease.loader import load_library
-
 JOB_MAX_LEN = 64  # the C++ core's kMaxJobLen
 _JOB_RE = re.compile(r"[A-Za-z0-9_.:@-]+")
 PRIORITY_NAMES = {0: "secondary", 1: "normal", 2: "primary"}
@@ -89,5 +87,8 @@ def read_snapshot(path: str | os.PathLike, bound_s: float = INSPECT_BOUND_S) -> 
     """Reads the segment file at path as an observer: it never registers, creates, repairs or
     blocks (raises tf.errors.OpError naming the path if the file is missing, unreadable or
     fails the trust rule)."""
+    # Here, not at the top: the rest of this module (job labels, the snapshot types) serves
+    # the TensorFlow-free observer and exporter, and the loader imports TensorFlow.
+    from crossover_tf.lease.loader import load_library
     outputs = load_library().crossover_lease_inspect(os.fspath(path), bound_seconds=bound_s)
     return snapshot_from_op_output(*outputs)

@@ -1,0 +1,112 @@
+"""`python -m crossover_tf.lease exporter`: a node exporter for Prometheus that shows who used
+each device of the node's leases.
+
+Runs once per node (a Kubernetes DaemonSet, a Slurm node service) and needs nothing from the
+jobs: each scrape reads every lease in the directory as `status` does (observer.py: read-only,
+non-blocking, the trust rule checked; never joins, creates, repairs or blocks), bounded as a
+whole, and turns each member's counters in the segment into metrics (exporter_metrics.py names
+them). No TensorFlow: the exporter imports neither it nor Horovod, and never touches a GPU.
+
+A member's counters live in its slot while it lives; when a process exits its series end, and
+what it did after the last scrape is lost (at most one scrape interval of it). A restarted job
+starts new series (a new pid): `increase()` and `rate()` sum them correctly.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Iterator, Sequence
+
+from prometheus_client import start_http_server
+from prometheus_client.core import (REGISTRY, CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
+from prometheus_client.registry import Collector
+
+from crossover_tf.lease import exporter_metrics as names
+from crossover_tf.lease.directory_reader import read_directory
+from crossover_tf.lease.observer import OBSERVE_BOUND_S, LeaseReadError, Observation, observe
+from crossover_tf.lease.segments import resolve_lease_dir
+
+DEFAULT_PORT = 9469
+SCRAPE_BOUND_S = 5.0  # one scrape, however many files the directory holds
+
+
+def _families() -> dict[str, Metric]:
+    kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
+             "histogram": HistogramMetricFamily}
+    return {m.name: kinds[m.kind](m.name, m.help, labels=list(m.labels)) for m in names.METRICS}
+
+
+def _cumulative(buckets: Sequence[int], upper_s: Sequence[float]) -> list[tuple[str, float]]:
+    """prometheus_client's histogram buckets: cumulative counts by upper bound, then +Inf."""
+    total, out = 0, []
+    for count, bound in zip(buckets, [*upper_s, float("inf")]):
+        total += count
+        out.append(("+Inf" if bound == float("inf") else repr(bound), float(total)))
+    return out
+
+
+def add_lease(families: dict[str, Metric], group: str, device: str, lease: Observation) -> None:
+    """Adds one lease's samples to the families."""
+    def add(name: str, labels: list[str], value: float) -> None:
+        families[names.PREFIX + name].add_metric(labels, value)
+
+    lease_labels = [group, device]
+    add("members", lease_labels, len(lease.members))
+    add("queue_length", lease_labels, len(lease.queue))
+    add("overlapping_holds_total", lease_labels, lease.overlapping_holds)
+    add("recoveries_total", lease_labels, lease.recoveries)
+    if lease.holder is not None:
+        add("holder_age_seconds", lease_labels + [lease.holder.job], lease.held_for_s)
+    for member in lease.members:
+        labels = lease_labels + [member.job, str(member.pid), str(member.pid_ns)]
+        use = member.usage
+        add("device_hold_seconds_total", labels, use.hold_s)
+        add("acquires_total", labels, use.acquires)
+        add("contended_acquires_total", labels, use.contended)
+        add("handoffs_total", labels, use.handoffs)
+        add("link_turns_total", labels, use.link_turns)
+        add("link_turn_waits_total", labels, use.link_turn_waits)
+        add("link_turn_wait_seconds_total", labels, use.link_turn_wait_s)
+        add("holding", labels, 1.0 if member.holding else 0.0)
+        families[names.PREFIX + "wait_seconds"].add_metric(
+            labels, _cumulative(use.wait_buckets, lease.wait_bucket_upper_s), use.wait_s)
+
+
+class LeaseCollector(Collector):
+    """Reads the lease directory on every scrape (prometheus_client calls collect() per
+    request); one scrape at a time, so concurrent scrapers cannot pile up reads."""
+
+    def __init__(self, lease_dir: str | os.PathLike | None = None, group: str | None = None,
+                 bound_s: float = SCRAPE_BOUND_S) -> None:
+        self.lease_dir = resolve_lease_dir(lease_dir)  # checked once, at start: fail early
+        self.group = group
+        self.bound_s = bound_s
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            start = time.monotonic()
+            result = read_directory(self.lease_dir, self.group, observe, (LeaseReadError,),
+                                    self.bound_s, OBSERVE_BOUND_S)
+            families = _families()
+            for segment, lease in result.read:
+                add_lease(families, segment.group, segment.device_key, lease)
+            families[names.PREFIX + "exporter_leases"].add_metric([], len(result.read))
+            families[names.PREFIX + "exporter_skipped_files"].add_metric([], len(result.skipped))
+            families[names.PREFIX + "exporter_scrape_seconds"].add_metric(
+                [], time.monotonic() - start)
+        yield from families.values()
+
+
+def serve(port: int, address: str, lease_dir: str | None, group: str | None) -> None:
+    """Serves the metrics until killed."""
+    # No GPU: reading a lease needs none, and the exporter must never take device memory from
+    # the jobs it watches (nothing here loads CUDA; this keeps it so for anything that might).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    REGISTRY.register(LeaseCollector(lease_dir, group))
+    start_http_server(port, addr=address)
+    print(f"crossover lease exporter: serving http://{address}:{port}/metrics for "
+          f"{resolve_lease_dir(lease_dir)}", flush=True)
+    threading.Event().wait()
