@@ -21,11 +21,12 @@ TIMEOUT_S = 180  # a short run takes seconds after TensorFlow's start; a hang fa
 _NUMBER = r"(-?\d+(?:\.\d+)?)"
 
 
-def run_benchmark(name: str, env: dict[str, str], lease_dir: pathlib.Path) -> str:
-    """`python -m benchmarks.<name> --short` from the repository root, on a lease directory of
-    its own; fails unless it exits 0. Returns its output."""
+def run_benchmark(name: str, env: dict[str, str], lease_dir: pathlib.Path,
+                  *flags: str) -> str:
+    """`python -m benchmarks.<name> --short [flags]` from the repository root, on a lease
+    directory of its own; fails unless it exits 0. Returns its output."""
     env = {**env, "CROSSOVER_LEASE_DIR": str(lease_dir)}
-    result = run_bounded([sys.executable, "-m", f"benchmarks.{name}", "--short"], env,
+    result = run_bounded([sys.executable, "-m", f"benchmarks.{name}", "--short", *flags], env,
                          TIMEOUT_S, cwd=str(REPO_ROOT))
     assert result.returncode == 0, f"benchmarks.{name} exited {result.returncode}:\n" \
                                    f"{result.stdout[-4000:]}"
@@ -55,6 +56,18 @@ def test_lease_handoff_prints_each_rounds_latency_and_their_spread(child_env, tm
     assert "over 2 rounds, median [min–max]" in output and "p99 spread" in output
     (pair_us,) = figures(rf"tf\.function: {_NUMBER} us", output)[0]
     assert 0 < pair_us < 10_000, output
+
+
+def test_lease_handoff_beside_the_scraped_exporter_prints_the_ratio(child_env, tmp_path):
+    """--scrape_hz: each round again beside the node exporter scraped at that rate; the
+    exporter really was scraped, and the ratio line follows the scraped rounds."""
+    output = run_benchmark("lease_handoff", child_env, tmp_path, "--scrape_hz", "20")
+    ((scrapes,),) = figures(r"scraped at 20 Hz \((\d+) scrapes\)", output)
+    assert scrapes > 0, output
+    assert len(figures(r"^round \d+: (\d+) hand-offs", output)) == 4, output
+    median, p99 = figures(rf"median {_NUMBER} \[[^]]*\], p99 {_NUMBER} \[", output.split(
+        "scraped / not scraped")[1])[0]
+    assert 0 < median and 0 < p99, output
 
 
 def test_strategy_overhead_runs_a_lone_job_and_prints_the_ratio(child_env, tmp_path):

@@ -311,6 +311,40 @@ def test_dashboard_expressions_parse_with_promtool(tmp_path: pathlib.Path) -> No
     assert broken.returncode != 0, broken.stdout
 
 
+RULES = DEPLOY / "prometheus" / "crossover-lease-rules.yaml"
+RULES_TEST = DEPLOY / "prometheus" / "crossover-lease-rules.test.yaml"
+
+
+def test_alert_rules_use_only_the_exporters_names() -> None:
+    rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"]
+             for rule in group["rules"]]
+    assert {r["alert"] for r in rules} >= {"CrossoverLeaseHeldTooLong",
+                                           "CrossoverLeaseOverlappingHolds"}
+    for rule in rules:
+        assert METRIC_RE.findall(rule["expr"]), rule
+        assert not unknown_metric_names(rule["expr"]), rule
+
+
+def test_alert_rules_check_and_pass_their_promtool_unit_tests(tmp_path: pathlib.Path) -> None:
+    """`promtool test rules`: synthetic series in, the alerts that must fire (a 7-minute hold,
+    an overlapping hold) and must not (short holds, no skipped files) out; and a rule whose
+    threshold no longer matches its test fails, so the test checks something."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not on PATH (scripts/install_prometheus.sh)")
+    checked = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True,
+                             text=True, timeout=60)
+    assert checked.returncode == 0 and "SUCCESS: 3 rules found" in checked.stdout, checked
+    tested = subprocess.run(["promtool", "test", "rules", RULES_TEST.name], cwd=RULES.parent,
+                            capture_output=True, text=True, timeout=60)
+    assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr
+    (tmp_path / RULES.name).write_text(RULES.read_text().replace(
+        "(crossover_lease_holder_age_seconds) > 300", "(crossover_lease_holder_age_seconds) > 500"))
+    (tmp_path / RULES_TEST.name).write_text(RULES_TEST.read_text())
+    broken = subprocess.run(["promtool", "test", "rules", RULES_TEST.name], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert broken.returncode != 0, broken.stdout
+
+
 def test_deploy_readme_points_to_the_exporter_files() -> None:
     text = (DEPLOY / "README.md").read_text()
     for needed in ("kubernetes/exporter-daemonset.yaml", "grafana/crossover-lease-dashboard.json",
