@@ -58,12 +58,17 @@ def scraped(hz: float) -> Iterator[list[int]]:
     proc = subprocess.Popen([sys.executable, "-m", "crossover_tf.lease", "exporter", "--port",
                              str(port), "--address", "127.0.0.1"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    done, stop = [0], threading.Event()
+    done, stop, failed = [0], threading.Event(), []
 
     def scrape() -> None:
         while not stop.wait(1 / hz):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                r.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=10) as r:
+                    r.read()
+            except OSError as err:  # the scraped rounds would silently become plain ones
+                failed.append(err)
+                return
             done[0] += 1
 
     thread = threading.Thread(target=scrape, daemon=True)
@@ -82,6 +87,8 @@ def scraped(hz: float) -> Iterator[list[int]]:
             thread.join(timeout=30)
         proc.kill()
         proc.wait()
+    if failed:
+        raise RuntimeError(f"scraping the exporter failed after {done[0]} scrapes: {failed[0]}")
 
 
 def handoff_latencies(cycles: int, hold_ms: float) -> np.ndarray:

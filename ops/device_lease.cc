@@ -230,16 +230,19 @@ LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag, int32_t priority
   status = WaitInQueue(&locked, me, priority, deadline, timeout_s, &contended, &reentrant);
   if (!status.ok() || reentrant) return status;
   const bool handoff = !s->last_holder.empty() && !(s->last_holder == me);
-  // WaitInQueue let us in, so no reservation holds against us: ours is used up, and one
-  // left for a class no higher than ours has expired or is overtaken by this hold.
-  s->reserved_for = Owner{};
-  s->holder = me;
-  s->last_holder = me;
-  s->held_since_wall_ns = WallNs();
-  s->held_since_host_mono_ns = HostMonoNs();
-  if (handoff) ++s->total_handoffs;
-  CountAcquire(&s->usage[me.slot], MonoNs() - start_mono, handoff, contended);
-  const int64_t acquired_wall = s->held_since_wall_ns;
+  int64_t acquired_wall;
+  {
+    ObservedChange change(s);
+    // WaitInQueue let us in, so no reservation holds against us: ours is used up, and one
+    // left for a class no higher than ours has expired or is overtaken by this hold.
+    s->reserved_for = Owner{};
+    s->held_since_wall_ns = acquired_wall = WallNs();
+    s->held_since_host_mono_ns = HostMonoNs();
+    s->holder = me;
+    s->last_holder = me;
+    if (handoff) ++s->total_handoffs;
+    CountAcquire(&s->usage[me.slot], MonoNs() - start_mono, handoff, contended);
+  }
   locked.Unlock();
   EnterHold(s, me.nonce);
   RecordAcquired(request_wall, acquired_wall, start_mono, handoff, contended, tag, priority);
@@ -332,7 +335,10 @@ LeaseStatus DeviceLease::Release(double reserve_s) {
   SegmentLock locked(segment_.get());
   status = locked.Lock(MonoNs() + kInternalLockBoundNs);
   if (!status.ok()) return status;
-  if (!(s->holder == me)) return LeaseStatus::Ok();
+  if (!(s->holder == me)) {
+    LeaveHold(s, me.nonce);  // a mark left by a hold another thread of ours released early
+    return LeaseStatus::Ok();
+  }
   // Stamped while still holding: the next holder's acquired_ns is taken after ours under the
   // same mutex, so the two processes' timelines never seem to overlap.
   const int64_t released_wall = WallNs(), released_mono = MonoNs();
@@ -342,9 +348,12 @@ LeaseStatus DeviceLease::Release(double reserve_s) {
     s->reserved_until_host_mono_ns =
         released_mono - TimeNamespaceOffsetNs() + static_cast<int64_t>(reserve_s * 1e9);
   }
-  s->usage[me.slot].hold_ns += HostMonoNs() - s->held_since_host_mono_ns;
-  LeaveHold(s, me.nonce);
-  s->holder = Owner{};
+  {
+    ObservedChange change(s);
+    s->usage[me.slot].hold_ns += HostMonoNs() - s->held_since_host_mono_ns;
+    LeaveHold(s, me.nonce);
+    s->holder = Owner{};
+  }
   s->wake_seq.fetch_add(1);
   const bool wake = s->queue.size > 0;
   locked.Unlock();

@@ -890,6 +890,21 @@ void TestOverlappingHoldsAreCounted() {
          "a clean hold counted: " << snap.overlapping_holds);
 }
 
+// An observer never keeps a copy taken while a member is in the middle of a change: it retries
+// and, past its bound, says so instead of showing a half-made change.
+void TestObserverWaitsOutAChangeInProgress() {
+  TempDir dir;
+  TestGroup g("torn", dir.path);
+  auto lease = g.Open();
+  LeaseSnapshot snap;
+  LeaseTestHooks::StepChangeSeq(*lease);  // "stopped in the middle of an update"
+  const LeaseStatus torn = DeviceLease::Inspect(g.Path(), 0.2, &snap);
+  EXPECT(torn.code == LeaseCode::kDeadlineExceeded &&
+             Contains(torn.message, "in the middle of an update"), torn.message);
+  LeaseTestHooks::StepChangeSeq(*lease);
+  EXPECT(DeviceLease::Inspect(g.Path(), 0.2, &snap).ok() && snap.members.size() == 1, "settled");
+}
+
 // Link-turn waits are counted in the waiting member's slot.
 void TestLinkTurnUsage() {
   TempDir dir;
@@ -1174,6 +1189,7 @@ const Test kTests[] = {
     {"usage_counters", TestUsageCounters},
     {"overlapping_holds_are_counted", TestOverlappingHoldsAreCounted},
     {"link_turn_usage", TestLinkTurnUsage},
+    {"observer_waits_out_a_change_in_progress", TestObserverWaitsOutAChangeInProgress},
     {"failed_drain_still_releases", TestFailedDrainStillReleases},
     {"foreign_or_open_segment_refused", TestForeignOrOpenSegmentRefused},
     {"stopped_inside_critical_section", TestStoppedInsideCriticalSection},

@@ -95,11 +95,14 @@ LeaseStatus LeaseSegment::ClaimSlotLocked() {
   }
   const Owner me{RandomNonce(), slot, static_cast<int32_t>(getpid()), PidNamespace()};
   Slot& record = shared_->slots[slot];
-  record.nonce = me.nonce;
-  record.pid = me.pid;
-  record.pid_ns = me.pid_ns;
-  WriteJob(record.job, job_.empty() ? DefaultJob() : job_);
-  shared_->usage[slot] = LeaseUsage{};  // the slot's previous member's counters are not ours
+  {
+    ObservedChange change(shared_);
+    shared_->usage[slot] = LeaseUsage{};  // the slot's previous member's counters are not ours
+    record.nonce = me.nonce;
+    record.pid = me.pid;
+    record.pid_ns = me.pid_ns;
+    WriteJob(record.job, job_.empty() ? DefaultJob() : job_);
+  }
   locked.Unlock();
   me_ = me;
   my_nonce_.store(me.nonce);
@@ -186,7 +189,10 @@ LeaseStatus LeaseSegment::AdoptJob(const std::string& job) {
   const LeaseStatus status = locked.Lock(MonoNs() + kInternalLockBoundNs);
   if (!status.ok()) return status;
   Slot& record = shared_->slots[me_.slot];
-  if (record.nonce == me_.nonce) WriteJob(record.job, job_);
+  if (record.nonce == me_.nonce) {
+    ObservedChange change(shared_);
+    WriteJob(record.job, job_);
+  }
   return LeaseStatus::Ok();
 }
 
@@ -245,6 +251,7 @@ void SegmentLock::DropDead() {
   if (!s_->holder.empty() && !alive(s_->holder)) {
     Warn("holder pid " + std::to_string(s_->holder.pid) + " of " + segment_->name() +
          " is gone; reclaiming the lease");
+    ObservedChange change(s_);
     uint64_t dead = s_->holder.nonce;  // it never left its hold: clear its overlap mark
     s_->inside.compare_exchange_strong(dead, 0);
     s_->holder = Owner{};

@@ -110,6 +110,24 @@ struct SharedLease {
   // overlapping hold. Lock-free, outside the mutex on the way in. Must stay 0.
   std::atomic<uint64_t> inside;
   std::atomic<uint64_t> overlapping_holds;
+  // Odd while a member is inside a change an observer must never see half done (the holder,
+  // its start and the members' slots and counters; ObservedChange): an observer copies the
+  // segment without the mutex (ReadSegment) and keeps a copy only if this is even and equal
+  // in two copies, so a member preempted or stopped between two stores never shows a torn
+  // state, e.g. a counter that seems to go back.
+  std::atomic<uint32_t> change_seq;
+};
+
+// Brackets, under the mutex, a change that observers must see whole (SharedLease::change_seq).
+class ObservedChange {
+ public:
+  explicit ObservedChange(SharedLease* s) : s_(s) { s_->change_seq.fetch_add(1); }
+  ~ObservedChange() { s_->change_seq.fetch_add(1); }
+  ObservedChange(const ObservedChange&) = delete;
+  ObservedChange& operator=(const ObservedChange&) = delete;
+
+ private:
+  SharedLease* const s_;
 };
 
 // Wakes every thread waiting on the segment's futex word (bumping it first).

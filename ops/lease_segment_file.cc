@@ -426,7 +426,11 @@ LeaseStatus ReadSegment(const std::string& path, double bound_s,
   }
   // Copied, never mapped (a file truncated under a mapping kills its reader with SIGBUS), and
   // its mutex never taken (a planted or stopped locker would stall the reader): two copies are
-  // read until they agree on the observed state, for at most bound_s; past it the last is used.
+  // read until they agree on the observed state with no change in progress (an even
+  // change_seq, read after the first copy and again after the second: nothing changed while
+  // the second was read), for at most bound_s. Past it, the last copy is used if no change
+  // was in progress (only unbracketed state, such as the queue, may then be off), else the
+  // read fails: a member stopped inside a change would otherwise show it half done.
   std::unique_ptr<unsigned char[]> first(new unsigned char[sizeof(SharedLease)]);
   std::unique_ptr<unsigned char[]> second(new unsigned char[sizeof(SharedLease)]);
   const auto* copy = reinterpret_cast<const SharedLease*>(second.get());
@@ -441,8 +445,17 @@ LeaseStatus ReadSegment(const std::string& path, double bound_s,
                                     LayoutMismatch(fd, st.st_size) + ") or is being created");
     }
     const auto [begin, length] = ObservedBytes(*copy);
-    if (memcmp(first.get() + begin, second.get() + begin, length) == 0 || MonoNs() > deadline) {
-      break;
+    const bool settled = copy->change_seq.load() % 2 == 0 &&
+                         reinterpret_cast<const SharedLease*>(first.get())->change_seq.load() ==
+                             copy->change_seq.load();
+    if (settled && memcmp(first.get() + begin, second.get() + begin, length) == 0) break;
+    if (MonoNs() > deadline || attempt == 999) {
+      if (settled) break;
+      return LeaseStatus::Error(
+          LeaseCode::kDeadlineExceeded,
+          "lease segment " + path + ": a member (pid " + std::to_string(copy->locker_pid.load()) +
+              " took its lock last) stayed in the middle of an update for " +
+              std::to_string(bound_s) + " s (stopped, e.g. Ctrl-Z?); not read");
     }
   }
   read(fd, *copy);

@@ -14,6 +14,9 @@ void LeaseTestHooks::LockInternal(DeviceLease& lease) {
 }
 void LeaseTestHooks::SetInitDelayMs(int ms) { SetSegmentInitDelayMs(ms); }
 WaiterQueue& LeaseTestHooks::Queue(DeviceLease& lease) { return lease.segment_->shared()->queue; }
+void LeaseTestHooks::StepChangeSeq(DeviceLease& lease) {
+  lease.segment_->shared()->change_seq.fetch_add(1);
+}
 void LeaseTestHooks::MarkInside(DeviceLease& lease, uint64_t nonce) {
   lease.segment_->shared()->inside.store(nonce);
 }

@@ -18,6 +18,9 @@ struct LeaseTestHooks {
   // Marks the segment as if the process of `nonce` were inside a hold (the overlapping-hold
   // check's word) while the holder field says otherwise: a broken exclusion, made on purpose.
   static void MarkInside(DeviceLease& lease, uint64_t nonce);
+  // Opens or closes an observed change (SharedLease::change_seq), as a member stopped in the
+  // middle of one would leave it.
+  static void StepChangeSeq(DeviceLease& lease);
 };
 
 }  // namespace crossover

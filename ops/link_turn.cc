@@ -163,6 +163,7 @@ LeaseStatus LinkTurn::Wait(double wait_s, bool* skipped) {
   const int64_t start_wall = WallNs();
   const int32_t slot = Table()[position].who.slot;
   if (slot >= 0 && slot < kMaxProcesses) {  // for observers (the exporter)
+    ObservedChange change(segment_->shared());
     LeaseUsage& usage = segment_->shared()->usage[slot];
     usage.link_turns++;
     usage.link_turn_waits += waited;

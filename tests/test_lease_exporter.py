@@ -210,3 +210,16 @@ def test_wait_buckets_are_the_cores():
     core = tuple(int(n) / 1e9 for n in numbers.replace("\n", " ").split(",") if n.strip())
     assert core == exporter_metrics.WAIT_BUCKETS_S
     assert f"kWaitBuckets = {len(core) + 1};" in header
+
+
+def test_a_vanished_lease_directory_is_reported_not_a_failed_scrape(tmp_path, child_env):
+    """Before: collect() raised when the directory went away, so every scrape failed (HTTP 500)
+    and the exporter's own gauges went stale with it. Now the scrape succeeds and says so."""
+    leases = tmp_path / "leases"
+    leases.mkdir(mode=0o700)
+    with exporter(leases, child_env) as port:
+        assert value(scrape(port), "crossover_lease_exporter_directory_readable") == 1
+        leases.rmdir()
+        gone = scrape(port)
+    assert value(gone, "crossover_lease_exporter_directory_readable") == 0
+    assert value(gone, "crossover_lease_exporter_leases") == 0

@@ -14,6 +14,7 @@ starts new series (a new pid): `increase()` and `rate()` sum them correctly.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Iterator, Sequence
@@ -25,8 +26,9 @@ from prometheus_client.registry import Collector
 
 from crossover_tf.lease import exporter_metrics as names
 from crossover_tf.lease.directory_reader import read_directory
-from crossover_tf.lease.observer import OBSERVE_BOUND_S, LeaseReadError, Observation, observe
-from crossover_tf.lease.segments import resolve_lease_dir
+from crossover_tf.lease.observer import (OBSERVE_BOUND_S, LeaseReadError, Observation,
+                                         check_library, observe)
+from crossover_tf.lease.segments import LeaseDirError, resolve_lease_dir
 
 DEFAULT_PORT = 9469
 SCRAPE_BOUND_S = 5.0  # one scrape, however many files the directory holds
@@ -76,11 +78,14 @@ def add_lease(families: dict[str, Metric], group: str, device: str, lease: Obser
 
 class LeaseCollector(Collector):
     """Reads the lease directory on every scrape (prometheus_client calls collect() per
-    request); one scrape at a time, so concurrent scrapers cannot pile up reads."""
+    request); one scrape at a time, so concurrent scrapers cannot pile up reads. A directory
+    that cannot be listed (removed, replaced, unreadable) is reported, not raised: a failing
+    collect() would fail every scrape, and the exporter's own gauges with it."""
 
     def __init__(self, lease_dir: str | os.PathLike | None = None, group: str | None = None,
                  bound_s: float = SCRAPE_BOUND_S) -> None:
-        self.lease_dir = resolve_lease_dir(lease_dir)  # checked once, at start: fail early
+        self.lease_dir = resolve_lease_dir(lease_dir)  # checked at start too: fail early
+        check_library()
         self.group = group
         self.bound_s = bound_s
         self._lock = threading.Lock()
@@ -88,13 +93,20 @@ class LeaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             start = time.monotonic()
-            result = read_directory(self.lease_dir, self.group, observe, (LeaseReadError,),
-                                    self.bound_s, OBSERVE_BOUND_S)
             families = _families()
-            for segment, lease in result.read:
+            try:
+                result = read_directory(self.lease_dir, self.group, observe, (LeaseReadError,),
+                                        self.bound_s, OBSERVE_BOUND_S)
+            except (LeaseDirError, OSError) as err:
+                print(f"crossover lease exporter: {err}", file=sys.stderr, flush=True)
+                read, skipped, readable = [], [], 0
+            else:
+                read, skipped, readable = result.read, result.skipped, 1
+            for segment, lease in read:
                 add_lease(families, segment.group, segment.device_key, lease)
-            families[names.PREFIX + "exporter_leases"].add_metric([], len(result.read))
-            families[names.PREFIX + "exporter_skipped_files"].add_metric([], len(result.skipped))
+            families[names.PREFIX + "exporter_directory_readable"].add_metric([], readable)
+            families[names.PREFIX + "exporter_leases"].add_metric([], len(read))
+            families[names.PREFIX + "exporter_skipped_files"].add_metric([], len(skipped))
             families[names.PREFIX + "exporter_scrape_seconds"].add_metric(
                 [], time.monotonic() - start)
         yield from families.values()

@@ -67,6 +67,9 @@ METRICS = (
            "Dead holders, waiters and link-turn entries the members repaired."),
     # The exporter itself.
     Metric(PREFIX + "exporter_leases", "gauge", (), "Lease files read in the last scrape."),
+    Metric(PREFIX + "exporter_directory_readable", "gauge", (),
+           "1 if the last scrape could list the lease directory (0: it vanished, was replaced "
+           "by a non-local file system, or cannot be read; no lease is exported)."),
     Metric(PREFIX + "exporter_skipped_files", "gauge", (),
            "Lease files the last scrape skipped (failed the trust rule, unreadable, of another "
            "layout, or past the scrape's time bound)."),

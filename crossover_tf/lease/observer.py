@@ -106,6 +106,12 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+def check_library() -> None:
+    """Loads the observer library now (FileNotFoundError, naming where it looked, if it is not
+    built): a reader that starts without it must fail at start, not at its first read."""
+    _library()
+
+
 def _usage(raw: dict) -> Usage:
     return Usage(acquires=raw["acquires"], contended=raw["contended"], handoffs=raw["handoffs"],
                  hold_s=raw["hold_ns"] / 1e9, wait_s=raw["wait_ns"] / 1e9,
