@@ -3,7 +3,7 @@ computes in micro-batches, for several micro-batch sizes, measured side by side 
 
   python -m benchmarks.lease_priority [--seconds=4] [--micro_us=1000,2000,4000]
 
-The primary's step (ops/lease_cli.cc, mode priority): compute 4 ms, allreduce 8 ms (device
+The primary's step (ops/testing/lease_cli.cc, mode priority): compute 4 ms, allreduce 8 ms (device
 free), apply 1 ms, 1 ms to the next step. Goal: primary_ratio >= 0.95 and max wait about one
 micro-batch; overlaps (both holding the device at once) must be 0.
 """

@@ -5,12 +5,11 @@ callbacks take no strategy: the strategy makes them, and nothing here reaches ba
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-import horovod.tensorflow as hvd
 import keras
 
-from crossover_tf import collectives, keras_hooks
+from crossover_tf import keras_hooks
 
 
 class CrossoverTrainStepCallback(keras.callbacks.Callback):
@@ -54,9 +53,15 @@ class CrossoverTrainStepCallback(keras.callbacks.Callback):
 class MetricAverage(keras.callbacks.Callback):
     """Averages epoch-level logs (training and validation metrics) over ranks, so rank 0's
     TensorBoard and History describe the whole job rather than its own shard. A collective,
-    as Horovod's MetricAverageCallback is: every rank of the job must use it."""
+    as Horovod's MetricAverageCallback is: every rank of the job must use it.
+
+    average: the communicator's average_scalars (None: a job of one rank, nothing to do)."""
+
+    def __init__(self, average: Callable[[dict[str, Any]], dict[str, Any]] | None):
+        super().__init__()
+        self.average = average
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs is None or hvd.size() == 1:
+        if logs is None or self.average is None:
             return
-        logs.update(collectives.average_scalars(logs))
+        logs.update(self.average(logs))

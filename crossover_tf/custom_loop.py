@@ -37,7 +37,9 @@ from typing import Any
 import tensorflow as tf
 
 from crossover_tf import lease as lease_lib
-from crossover_tf.collectives import Allreduce, allreduce_in_turn, map_present
+from crossover_tf.communication import Allreduce
+from crossover_tf.lease.link_turn import allreduce_in_turn
+from crossover_tf.nest_util import map_present
 
 # Horovod's TensorFlow ops that wait on other ranks (mpi_ops.py); HorovodSize and the like
 # only read local state.

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from crossover_tf.collectives import map_present
+from crossover_tf.nest_util import map_present
 from crossover_tf.lease import DeviceLease
 
 

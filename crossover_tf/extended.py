@@ -13,12 +13,12 @@ import re
 import socket
 from typing import Any
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 from absl import logging
 
-from crossover_tf import collectives, devices, gpu_processes
+from crossover_tf import devices, gpu_processes
 from crossover_tf import lease as lease_lib
+from crossover_tf.communication import Communicator
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
 
@@ -30,26 +30,27 @@ class CrossoverExtended:
 
     Attributes:
       group, lease_options, link_turn_options, device_options, communication: as given.
+      comm: the job's ranks (communication.Communicator).
       device_key: this rank's device on its host (the lease's key).
       device: the TensorFlow device this rank's ops go on.
       allreduce_device: where the gradient allreduce runs (None: next to the gradients).
       lease: the device lease (None without a group: plain Horovod).
-      turn: the link turn (None without link turns).
+      link_turn: the link turn (None without link turns).
       members: the jobs found on the lease when this job joined it.
     """
 
     def __init__(self, group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
-                 device: DeviceOptions, communication: CommunicationOptions):
+                 device: DeviceOptions, communication: CommunicationOptions,
+                 comm: Communicator):
         self.group = group
         self.lease_options, self.link_turn_options = lease, link_turn
         self.device_options, self.communication = device, communication
-        self.compression = (communication.compression if communication.compression is not None
-                            else hvd.Compression.none)
+        self.comm = comm
         self.memory = devices.GpuMemoryPolicy(growth=device.memory_growth,
                                               limit_mb=device.memory_limit_mb)
         gpu_ordinal = self._configure_devices(device.configure)
         driver = devices.CudaDriver() if gpu_ordinal is not None else None
-        self.device_key = device.device_key or devices.device_key(hvd.local_rank(), gpu_ordinal,
+        self.device_key = device.device_key or devices.device_key(comm.local_rank, gpu_ordinal,
                                                                   driver)
         first_rank = self._check_consistent_across_ranks()
         self.lease = (lease_lib.DeviceLease(
@@ -61,31 +62,22 @@ class CrossoverExtended:
             gpu_processes.warn_about_outsiders(
                 gpu_processes.Nvml(), devices.read_device_uuid(driver, gpu_ordinal),
                 self.members, group)
-        self.turn = (lease_lib.LinkTurn(self.lease, link_turn.position, lease.jobs,
-                                        self.agree_on_min, link_turn.wait_s, self.barrier)
+        self.link_turn = (lease_lib.LinkTurn(self.lease, link_turn.position, lease.jobs,
+                                        comm.agree_on_min, link_turn.wait_s, comm.barrier)
                      if self.lease is not None and link_turn is not None else None)
         self.device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
                                                 tf.config.list_logical_devices("CPU"),
-                                                hvd.local_rank())
+                                                comm.local_rank)
         self.allreduce_device = devices.allreduce_device(communication.allreduce_on,
                                                          self.lease is not None, self.device)
 
     def __repr__(self) -> str:
         return (f"CrossoverExtended(group={self.group!r}, device={self.device!r}, "
-                f"lease={self.lease!r}, turn={self.turn!r})")
+                f"lease={self.lease!r}, link_turn={self.link_turn!r})")
 
     @property
     def step_end_reserve_s(self) -> float:
         return self.lease_options.step_end_reserve_s
-
-    def agree_on_min(self, value: int) -> int:
-        """The smallest of every rank's value (a collective: the job's ranks agree on it)."""
-        return min(collectives.allgather_objects(value)) if hvd.size() > 1 else value
-
-    def barrier(self) -> None:
-        """Returns once every rank of the job has called it (a collective)."""
-        if hvd.size() > 1:
-            collectives.barrier()
 
     def _join_group(self) -> list[Any]:
         """Waits until the group's jobs are all on this rank's device lease; every rank raises
@@ -101,7 +93,7 @@ class CrossoverExtended:
         except Exception as err:  # noqa: BLE001 -- agreed across ranks, then raised below
             members, error = [], err
             problem = (type(err).__name__, getattr(err, "message", None) or str(err))
-        problems = (collectives.allgather_objects(problem) if hvd.size() > 1 else [problem])
+        problems = self.comm.gather(problem)
         failed = [(rank, p) for rank, p in enumerate(problems) if p]
         if failed:
             rank, (kind, first) = failed[0]
@@ -110,7 +102,7 @@ class CrossoverExtended:
                        f"lease. Rank {rank}: {kind}: {first}")
             incomplete = all(p[0] == lease_lib.GroupIncomplete.__name__ for _, p in failed)
             raise (lease_lib.GroupIncomplete if incomplete else RuntimeError)(message) from error
-        logging.info("crossover_tf: rank %d joined %s with %s", hvd.rank(), self.lease,
+        logging.info("crossover_tf: rank %d joined %s with %s", self.comm.rank, self.lease,
                      members)
         return members
 
@@ -120,11 +112,11 @@ class CrossoverExtended:
         if not gpus:
             return None
         if configure:
-            chosen = devices.configure_local_gpu(tf.config, self.memory, hvd.local_rank(),
-                                                 hvd.local_size(),
+            chosen = devices.configure_local_gpu(tf.config, self.memory, self.comm.local_rank,
+                                                 self.comm.local_size,
                                                  tf.config.LogicalDeviceConfiguration)
         else:
-            chosen = gpus[hvd.local_rank() % len(gpus)]
+            chosen = gpus[self.comm.local_rank % len(gpus)]
         return devices.physical_gpu_ordinal(gpus, chosen)
 
     def _check_consistent_across_ranks(self) -> dict[str, Any]:
@@ -132,7 +124,7 @@ class CrossoverExtended:
         returns rank 0's description (its host and pid name the job by default)."""
         mine = {"group": self.group, "host": socket.gethostname(),
                 "device_key": self.device_key, "pid": os.getpid()}
-        everyone = collectives.allgather_objects(mine) if hvd.size() > 1 else [mine]
+        everyone = self.comm.gather(mine)
         groups = sorted({c["group"] for c in everyone})
         if len(groups) > 1:
             per_rank = ", ".join(f"rank {r}: {c['group']!r}" for r, c in enumerate(everyone))

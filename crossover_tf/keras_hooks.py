@@ -180,7 +180,7 @@ def guard_fit(model_class: type = keras.Model) -> None:
 
     Why: Keras 3's fit has no `finally`, so an error raised by a callback, or a Ctrl-C between
     steps, skips both on_train_end and the train function's guard, and the peer job would
-    wait for our turn (up to link_turn_wait_s) on every allreduce for as long as this process
+    wait for our turn (up to LinkTurnOptions.wait_s) on every allreduce for as long as this process
     lives, as a notebook's kernel does. Why the class: our hooks are installed from inside fit
     (Keras calls set_model while fit builds its callbacks), too late to wrap the call already
     running; the class's fit is wrapped before the first one starts.

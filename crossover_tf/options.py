@@ -1,12 +1,11 @@
-"""CrossoverStrategy's options, in three small groups beside the group name.
+"""CrossoverStrategy's options, in four small groups beside the group name.
 
-Why groups: the strategy's settings answer three separate questions (which device and how much
-of its memory; how the jobs of a group share it; in what order their allreduces use the
-network), and a flat list of knobs let settings that only make sense together be given apart
-and silently dropped. Each group is frozen and checks itself when it is made, and a combination
-that would be dropped (a reservation without the primary priority, say) is refused there,
-before Horovod or TensorFlow start.
-"""
+Why groups: the strategy's settings answer four separate questions (which device and how much of its
+memory; how the jobs of a group share it; in what order their allreduces use the network; how the
+job's ranks talk), and a flat list of knobs let settings that only make sense together be given
+apart and silently dropped. Each group is frozen and checks itself when it is made, and a
+combination that would be dropped (a reservation without the primary priority, say) is refused
+there, before Horovod or TensorFlow start."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +17,7 @@ from crossover_tf.lease.device_lease import (validate_priority, validate_reserve
                                              validate_timeout)
 from crossover_tf.lease.group_join import validate_join_timeout, validate_jobs
 from crossover_tf.lease.membership import validate_job
-from crossover_tf.lease.link_turn import validate_turn, validate_turn_priority
+from crossover_tf.lease.link_turn import validate_link_turn, validate_link_turn_priority
 
 DEFAULT_PRIMARY_RESERVE_S = 0.05
 MEMORY_MODES = ("growth", "all")
@@ -171,6 +170,6 @@ def check_combination(group: str, lease: LeaseOptions, link_turn: LinkTurnOption
     if not group:
         raise ValueError("crossover_tf: link turns order the allreduces of a crossover "
                          "group's jobs; they need a group")
-    validate_turn(link_turn.position, lease.jobs)  # jobs: the group's, LeaseOptions.jobs
-    validate_turn_priority(lease.priority)
+    validate_link_turn(link_turn.position, lease.jobs)  # jobs: the group's, LeaseOptions.jobs
+    validate_link_turn_priority(lease.priority)
 

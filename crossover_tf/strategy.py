@@ -1,4 +1,4 @@
-"""CrossoverStrategy: tf.distribute-style surface over Horovod plus the device lease.
+"""CrossoverStrategy: tf.distribute-style surface over the job's ranks plus the device lease.
 
 It is a wrapper with tf.distribute.Strategy's method names rather than a subclass: Keras 3
 reads `distribute_strategy` from the current tf.distribute strategy and, for a custom subclass,
@@ -12,14 +12,15 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
-import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 from absl import logging
 
-from crossover_tf import callbacks, collectives, custom_loop, keras_hooks, options
+from crossover_tf import callbacks, custom_loop, keras_hooks, options
 from crossover_tf import lease as lease_lib
+from crossover_tf.communication import Communicator
 from crossover_tf.extended import CrossoverExtended
+from crossover_tf.horovod_backend import HorovodCommunicator
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
 
@@ -41,8 +42,9 @@ class CrossoverStrategy:
       communication: Horovod set-up, compression and allreduce placement
         (options.CommunicationOptions).
 
-    The internal state (the lease, the link turn, the device) is behind `extended`, as in
-    tf.distribute.
+    The internal state (the lease, the link turn, the device) is behind the read-only
+    `extended`, as in tf.distribute. Every collective goes through one communicator
+    (communication.Communicator; Horovod's is horovod_backend.HorovodCommunicator).
 
     Contract for the model: its forward and backward pass (layers, losses, metrics) must run no
     collective, such as a Horovod allreduce inside a synchronized BatchNorm. They run while this
@@ -64,28 +66,34 @@ class CrossoverStrategy:
         if link_turn is not None:
             _checked("link_turn", link_turn, LinkTurnOptions)
         options.check_combination(group, lease, link_turn)
-        _start_horovod(communication.init_horovod)
-        self.extended = CrossoverExtended(group, lease, link_turn, device, communication)
+        self._comm = _communicator(communication)
+        self._extended = CrossoverExtended(group, lease, link_turn, device, communication,
+                                           self._comm)
         if self.extended.lease is not None:
             keras_hooks.guard_fit()  # a fit that fails between steps must still leave
         logging.info("crossover_tf: rank %d/%d %s", self.rank, self.size, self.extended)
 
     # ----- tf.distribute-style surface -------------------------------------------------------
     @property
+    def extended(self) -> CrossoverExtended:
+        """The strategy's machinery: lease, link turn, device (read-only, as tf.distribute's)."""
+        return self._extended
+
+    @property
     def num_replicas_in_sync(self) -> int:
-        return hvd.size()
+        return self._comm.size
 
     @property
     def rank(self) -> int:
-        return hvd.rank()
+        return self._comm.rank
 
     @property
     def size(self) -> int:
-        return hvd.size()
+        return self._comm.size
 
     @property
     def local_rank(self) -> int:
-        return hvd.local_rank()
+        return self._comm.local_rank
 
     @property
     def should_save_summary(self) -> bool:
@@ -123,20 +131,7 @@ class CrossoverStrategy:
 
         A collective: call it outside any region that holds the device lease.
         """
-        op = collectives.horovod_reduce_op(reduce_op)
-
-        def reduce_one(t: Any) -> tf.Tensor:
-            t = tf.convert_to_tensor(t)
-            if axis is not None:
-                if op is hvd.Sum:
-                    t = tf.reduce_sum(t, axis=axis)
-                else:
-                    # Mean over all ranks' elements: sum locally, divide by the global count.
-                    count = hvd.allreduce(tf.cast(tf.shape(t)[axis], t.dtype), op=hvd.Sum)
-                    return hvd.allreduce(tf.reduce_sum(t, axis=axis), op=hvd.Sum) / count
-            return hvd.allreduce(t, op=op)
-
-        return tf.nest.map_structure(reduce_one, value)
+        return self._comm.reduce(reduce_op, value, axis)
 
     def distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """Splits each *global* batch so this rank gets rows rank, rank+size, ...
@@ -183,7 +178,8 @@ class CrossoverStrategy:
         result: list[keras.callbacks.Callback] = [
             callbacks.CrossoverTrainStepCallback(self._setup(micro_batches))]
         if average_metrics:
-            result.append(callbacks.MetricAverage())
+            result.append(callbacks.MetricAverage(
+                self._comm.average_scalars if self.size > 1 else None))
         return result
 
     def prepare(self, model: keras.Model, *, micro_batches: int = 1) -> None:
@@ -200,7 +196,7 @@ class CrossoverStrategy:
         """Overwrites variables on every rank with root_rank's values (e.g. after restoring a
         checkpoint on rank 0 only). A collective; ranks must pass matching variable lists,
         otherwise every rank raises a ValueError naming the first mismatch."""
-        collectives.broadcast_variables(variables, root_rank)
+        self._comm.broadcast_variables(variables, root_rank)
 
     # ----- custom training loops -------------------------------------------------------------
     def hold_device(self) -> custom_loop.DeviceHold:
@@ -215,7 +211,7 @@ class CrossoverStrategy:
         allreduce. Call its gradient() inside strategy.hold_device()."""
         return custom_loop.CrossoverGradientTape(tape, self.synchronize_gradients,
                                                  needs_hold=self.is_crossover,
-                                                 turn=self.extended.turn)
+                                                 turn=self.extended.link_turn)
 
     # ----- crossover -------------------------------------------------------------------------
     def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:
@@ -223,17 +219,16 @@ class CrossoverStrategy:
 
         A collective: the train step calls it with the device lease released.
         """
-        return collectives.allreduce_gradients(grads, self.extended.compression,
-                                               self.extended.allreduce_device)
+        return self._comm.allreduce_gradients(grads, self.extended.allreduce_device)
 
-    def release_device(self) -> None:
+    def leave_device(self) -> None:
         """Eagerly gives up the lease if held and the link turn if taken (end of training,
         errors): the peer job never waits on us; no-op otherwise."""
-        keras_hooks.release(self.extended.lease, self.extended.turn)
+        keras_hooks.release(self.extended.lease, self.extended.link_turn)
 
-    def turn_stats(self) -> dict[str, float]:
+    def link_turn_stats(self) -> dict[str, float]:
         """This process's link turn statistics ({} without a link turn)."""
-        turn = self.extended.turn
+        turn = self.extended.link_turn
         return turn.stats().as_dict() if turn is not None else {}
 
     def lease_stats(self) -> dict[str, float]:
@@ -252,8 +247,8 @@ class CrossoverStrategy:
         return keras_hooks.CrossoverSetup(
             self.extended.lease, self.synchronize_gradients,
             self.broadcast_variables if several else None, micro_batches,
-            self.extended.step_end_reserve_s, self.extended.turn,
-            collectives.average_scalars if several else None)
+            self.extended.step_end_reserve_s, self.extended.link_turn,
+            self._comm.average_scalars if several else None)
 
 
 def _checked(name: str, value: _Options | None, kind: type[_Options]) -> _Options:
@@ -267,10 +262,7 @@ def _checked(name: str, value: _Options | None, kind: type[_Options]) -> _Option
     return value
 
 
-def _start_horovod(init: bool) -> None:
-    if init:
-        hvd.init()
-    elif not hvd.is_initialized():
-        raise RuntimeError("crossover_tf: Horovod is not initialised; call hvd.init() first "
-                           "or construct CrossoverStrategy with "
-                           "CommunicationOptions(init_horovod=True)")
+def _communicator(communication: CommunicationOptions) -> Communicator:
+    """The job's communicator: Horovod's (the one backend so far; communication.py says what
+    another must provide)."""
+    return HorovodCommunicator(communication.compression, communication.init_horovod)

@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from crossover_tf import keras_compat
-from crossover_tf.collectives import Allreduce, allreduce_in_turn
+from crossover_tf.communication import Allreduce
 from crossover_tf.device_hold import as_unit, run_holding_device
 from crossover_tf import lease as lease_lib
 
@@ -73,7 +73,7 @@ class CrossoverTrainStep:
         for micro in self._micro_batches(data):
             grads, metrics = run_holding_device(self.lease, lease_lib.TAG_COMPUTE, self.compute,
                                                 *micro, grads)
-        grads = allreduce_in_turn(self.allreduce, self.turn, grads)
+        grads = lease_lib.link_turn.allreduce_in_turn(self.allreduce, self.turn, grads)
         run_holding_device(self.lease, lease_lib.TAG_APPLY, self.apply, grads,
                            reserve_s=self.step_end_reserve_s)
         return metrics

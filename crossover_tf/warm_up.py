@@ -1,7 +1,7 @@
 """Compiles a step's XLA parts before the job first takes the device lease for them.
 
 XLA compiles a jit function the first time it runs. Under the lease that compile time (minutes
-for a large model) would count against the peer's lease_timeout_s. So, before the first
+for a large model) would count against the peer's LeaseOptions.timeout_s. So, before the first
 acquire, the parts (traced by the caller for the data's type spec, the trace the step will
 reuse) run once on the first batch without the lease, from a graph as the step calls them (XLA's
 cache for functions called from graphs is not the one eager calls fill); every variable they

@@ -11,31 +11,18 @@ a profile or stats.json (``JobInput``); both results have ``to_json``. ``crossov
 recommendation from predicted throughputs is ``analytical.recommend``.
 """
 
-from crossover_tf_planner.analytical import (PairPrediction, PairTimes, crossover_round_s,
-                                             hyperperiod_s, normalised_throughput,
-                                             policy_steps_per_s, predict_pair, predict_pairs)
-from crossover_tf_planner.api import JobInput, as_profile, pair, recommend
-from crossover_tf_planner.cluster_sim import (group_jobs, place, run_cluster,
-                                              synthetic_profiles)
-from crossover_tf_planner.fluid import colocated_steps_per_s
+from crossover_tf_planner.analytical import PairPrediction
+from crossover_tf_planner.api import JobInput, pair, recommend
 from crossover_tf_planner.comm_cost import LinkContention, load_link_contention
 from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.json_io import InputFileError
-from crossover_tf_planner.pairing import PairingPlan, match_gains, plan_pairs
-from crossover_tf_planner.policies import POLICIES, PREDICTED
-from crossover_tf_planner.profile import (JobProfile, load_profile, load_profiles,
-                                          profile_from_record, profile_from_train_stats)
-from crossover_tf_planner.simulator import SimJob, SimResult, simulate
-from crossover_tf_planner.sweep import SweepResult, run_sweep, save_heatmap
-from crossover_tf_planner.validate import profiles_from_comparison, validate_comparison
+from crossover_tf_planner.pairing import PairingPlan
+from crossover_tf_planner.profile import JobProfile, load_profile
 
+# The stable API: recommend and pair, what they take and what they return. Everything else is
+# in its own module (crossover_tf_planner.analytical, .simulator, ...), where it may change
+# between versions.
 __all__ = [
-    "POLICIES", "PREDICTED", "InputFileError", "JobInput", "JobProfile", "JobStats",
-    "LinkContention", "PairPrediction", "PairTimes", "PairingPlan", "SimJob", "SimResult",
-    "SweepResult", "as_profile", "colocated_steps_per_s", "crossover_round_s", "group_jobs",
-    "hyperperiod_s", "load_link_contention", "load_profile", "load_profiles", "match_gains",
-    "normalised_throughput", "pair", "place", "plan_pairs", "policy_steps_per_s",
-    "predict_pair", "predict_pairs", "profile_from_record", "profile_from_train_stats",
-    "profiles_from_comparison", "recommend", "run_cluster", "run_sweep", "save_heatmap",
-    "simulate", "synthetic_profiles", "validate_comparison",
+    "InputFileError", "JobInput", "JobProfile", "JobStats", "LinkContention", "PairPrediction",
+    "PairingPlan", "load_link_contention", "load_profile", "pair", "recommend",
 ]

@@ -163,7 +163,7 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
         if c.warmup_steps:  # the timed steps of every job start together too
             barriers.append(barrier.TimedStartBarrier(barrier.phase(c.start_barrier, "timed"),
                                                       me, c.warmup_steps,
-                                                      strategy.extended.turn))
+                                                      strategy.extended.link_turn))
     start_ns = time.time_ns()
     model.fit(train_data, epochs=c.epochs, steps_per_epoch=c.steps, verbose=0,
               callbacks=[*strategy.callbacks(micro_batches=c.micro_batches), *barriers,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and tests the op library with Bazel, offline, the way Bazel users would
 # (ops/BUILD): Debian's bazel-bootstrap 4.2.3 builds //ops:_lease_ops.so against the installed
-# TensorFlow, runs the lease core's cc_test, and the built library is loaded in TensorFlow
+# TensorFlow (checked to hold no test hooks), the core's test-only targets and the GPU probe's
+# CPU build, runs the lease core's cc_test, and the built library is loaded in TensorFlow
 # through CROSSOVER_LEASE_OPS to take and give back a lease.
 #
 # Why the extra set-up (docs: /work/shared/platform-notes.md's Bazel section):
@@ -85,8 +86,18 @@ cd "$ROOT"
 trap 'timeout 120 bazel --noworkspace_rc --bazelrc="$RC" shutdown || true' EXIT
 
 t0=$(date +%s)
-"${BAZEL[@]}" build //ops:_lease_ops.so //ops:_lease_observer.so //ops:device_lease_test
-log "bazel build //ops:_lease_ops.so //ops:_lease_observer.so //ops:device_lease_test: ok in $(( $(date +%s) - t0 )) s"
+# The shipped libraries, the core's test-only targets (testing/) and the GPU probe's CPU build.
+TARGETS=(//ops:_lease_ops.so //ops:_lease_observer.so //ops:device_lease_test //ops:lease_cli
+         //ops:lease_cli_other_layout //ops:gpu_probe_cpu)
+"${BAZEL[@]}" build "${TARGETS[@]}"
+log "bazel build ${TARGETS[*]}: ok in $(( $(date +%s) - t0 )) s"
+# The test hooks (testing/) stay out of the shipped libraries.
+for lib in _lease_ops.so _lease_observer.so; do
+  if nm -DC "bazel-bin/ops/$lib" | grep LeaseTestHooks >/dev/null; then
+    echo "bazel-bin/ops/$lib exports LeaseTestHooks: testing/ must not be linked into it" >&2
+    exit 1
+  fi
+done
 t0=$(date +%s)
 "${BAZEL[@]}" test --nocache_test_results --test_output=errors //ops:device_lease_test
 log "bazel test //ops:device_lease_test: $(tail -n 1 bazel-testlogs/ops/device_lease_test/test.log) in $(( $(date +%s) - t0 )) s"

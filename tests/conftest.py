@@ -50,7 +50,7 @@ def lease_group() -> str:
 
 @pytest.fixture(scope="session")
 def lease_cli() -> pathlib.Path:
-    """The lease core's CLI (ops/lease_cli.cc), rebuilt if its sources are newer."""
+    """The lease core's CLI (ops/testing/lease_cli.cc), rebuilt if its sources are newer."""
     subprocess.run(["make", "-s", "-C", str(REPO_ROOT / "ops"), "tests"], check=True,
                    timeout=300)
     return REPO_ROOT / "ops" / "build" / "lease_cli"

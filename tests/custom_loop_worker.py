@@ -127,8 +127,8 @@ def main() -> None:
     if strategy is None:
         # hvd.broadcast_variables assigns to tf.Variables, not Keras 3 ones: the same
         # broadcast through the helper the strategy uses.
-        from crossover_tf import collectives
-        collectives.broadcast_variables(variables, root_rank=0)
+        from crossover_tf.horovod_backend import HorovodCommunicator
+        HorovodCommunicator(init=False).broadcast_variables(variables, root_rank=0)
         step = plain_step(model, optimizer, loss_fn)
         data = global_dataset(args.steps).map(lambda x, y: (x[rank::hvd.size()],
                                                             y[rank::hvd.size()]))

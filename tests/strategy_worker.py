@@ -114,9 +114,9 @@ def main() -> None:
                   epochs=args.epochs, verbose=0,
                   callbacks=[*strategy.callbacks(), record, line_up])
         result["lease_stats"] = strategy.lease_stats()
-        if strategy.extended.turn is not None:
-            result["turn_stats"] = strategy.turn_stats()
-            result["turn_timeline"] = strategy.extended.turn.timeline().tolist()
+        if strategy.extended.link_turn is not None:
+            result["link_turn_stats"] = strategy.link_turn_stats()
+            result["turn_timeline"] = strategy.extended.link_turn.timeline().tolist()
         if strategy.extended.lease is not None:
             result["timeline"] = strategy.extended.lease.timeline().tolist()
         if args.fit_only:

@@ -340,10 +340,10 @@ def test_allreduce_placement_rejects_unknown() -> None:
 
 PLACEMENT_PROBE = """
 import horovod.tensorflow as hvd, tensorflow as tf
-from crossover_tf import collectives
-hvd.init()
+from crossover_tf.horovod_backend import HorovodCommunicator
+comm = HorovodCommunicator()
 for device in (None, "/CPU:0"):
-    fn = tf.function(lambda g: collectives.allreduce_gradients([g, None], device=device))
+    fn = tf.function(lambda g: comm.allreduce_gradients([g, None], device=device))
     graph = fn.get_concrete_function(tf.TensorSpec([3])).graph
     ops = [op.device for op in graph.get_operations() if op.type == "HorovodGroupedAllreduce"]
     print(device, ops, fn(tf.ones(3))[0].numpy().tolist())

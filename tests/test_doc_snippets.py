@@ -323,7 +323,7 @@ def test_named_modules_and_paths_exist() -> None:
         for found in _PATH_TOKEN.finditer(text):
             if text[found.end():found.end() + 1] in ("{", "<", "*") \
                     or text[found.start() - 1:found.start()] in ("$", "{", "<", "/"):
-                continue  # a pattern (ops/device_lease.{h,cc}) or a variable's path
+                continue  # a pattern (ops/core/device_lease.{h,cc}) or a variable's path
             token = found.group().rstrip(".,:;")
             if token.startswith("./"):
                 token = token[2:]

@@ -1,5 +1,5 @@
 """The lease core without TensorFlow: its C++ unit tests, and real-process reproductions of
-every way two jobs could end up on the device at once (ops/lease_cli.cc drives them).
+every way two jobs could end up on the device at once (ops/testing/lease_cli.cc drives them).
 
 Each reproduction here failed on the lease core before it was hardened (see the closing note
 of issue 9): 307 overlaps in 50 stale-segment races, a lease stolen across PID namespaces
@@ -43,6 +43,44 @@ def _cli(*args: str, timeout: float = 120) -> dict[str, str]:
     proc = subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"lease_cli {args} exited {proc.returncode}: {proc.stderr}"
     return _summary(proc.stdout)
+
+
+# ops/README.md's layers: the folders each folder may include from (its own, and below it).
+OPS_LAYERS = {"core": {"core"}, "tf": {"core"}, "testing": {"core", "testing"},
+              "gpu_probe": {"core", "gpu_probe"}}
+
+
+def test_ops_layers() -> None:
+    """The core includes nothing outside core/; tf/, testing/ and gpu_probe/ include the core
+    and themselves; nothing outside testing/ includes testing/. Every folder of ops/ is a layer."""
+    ops = REPO_ROOT / "ops"
+    folders = {p.name for p in ops.iterdir() if p.is_dir() and p.name != "build"}
+    assert folders == set(OPS_LAYERS), f"ops/ folders {sorted(folders)} are not the layers"
+    wrong = []
+    for folder, allowed in OPS_LAYERS.items():
+        for path in sorted((ops / folder).iterdir()):
+            if path.suffix not in (".cc", ".h", ".cu"):
+                continue
+            for name in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M):
+                top = name.split("/")[0]
+                framework = folder == "tf" and top in ("tensorflow", "xla")
+                if top not in allowed and not framework:
+                    wrong.append(f"ops/{folder}/{path.name} includes {name}")
+    assert not wrong, "includes across ops/'s layers:\n" + "\n".join(wrong)
+
+
+def test_shipped_libraries_hold_no_test_hooks() -> None:
+    """The test hooks (ops/testing/lease_test_hooks.cc) are linked into the test binaries only,
+    never into the libraries that ship (ops/Makefile `lib`; scripts/bazel_check.sh checks
+    Bazel's)."""
+    lease = REPO_ROOT / "crossover_tf" / "lease"
+    libraries = [lease / name for name in ("_lease_ops.so", "_lease_observer.so")
+                 if (lease / name).exists()]
+    if not libraries:
+        pytest.skip("no built libraries (scripts/install.sh or `make -C ops lib` builds them)")
+    assert b"LeaseTestHooks" in UNIT.read_bytes()  # the symbol names would show them
+    for library in libraries:
+        assert b"LeaseTestHooks" not in library.read_bytes(), f"{library} holds the test hooks"
 
 
 def test_core_units(subtests: pytest.Subtests) -> None:

@@ -203,8 +203,8 @@ def test_metric_table_names_follow_prometheus_conventions():
 
 
 def test_wait_buckets_are_the_cores():
-    """The histogram's bounds are the C++ core's kWaitBucketUpperNs (ops/lease_types.h)."""
-    header = (REPO_ROOT / "ops" / "lease_types.h").read_text()
+    """The histogram's bounds are the C++ core's kWaitBucketUpperNs (ops/core/lease_types.h)."""
+    header = (REPO_ROOT / "ops" / "core" / "lease_types.h").read_text()
     start = header.index("kWaitBucketUpperNs[kWaitBuckets - 1] = {")
     numbers = header[start:header.index("}", start)].split("{")[1]
     core = tuple(int(n) / 1e9 for n in numbers.replace("\n", " ").split(",") if n.strip())

@@ -407,11 +407,11 @@ def test_release_gives_the_device_back_when_leaving_the_link_turn_fails():
 
 
 def test_the_file_system_tables_of_python_and_cpp_agree():
-    """segments.FILE_SYSTEMS mirrors the core's kFileSystems (ops/lease_dir.cc)."""
+    """segments.FILE_SYSTEMS mirrors the core's kFileSystems (ops/core/lease_dir.cc)."""
     import re
 
     from conftest import REPO_ROOT
-    source = (REPO_ROOT / "ops" / "lease_dir.cc").read_text()
+    source = (REPO_ROOT / "ops" / "core" / "lease_dir.cc").read_text()
     cpp = {int(magic, 16): (name, local == "true") for magic, name, local in
            re.findall(r'\{(0x[0-9A-Fa-f]+), "([^"]+)", (true|false)\}', source)}
     assert cpp and cpp == segments.FILE_SYSTEMS

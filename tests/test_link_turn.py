@@ -1,6 +1,6 @@
 """Link turns: the jobs of a crossover group allreduce one at a time, in one global order.
 
-The C++ core's own tests (ops/device_lease_test.cc, run by test_lease_core.py) cover the
+The C++ core's own tests (ops/testing/device_lease_test.cc, run by test_lease_core.py) cover the
 order between processes, late joiners, dead and paused peers. Here: the Python surface, and
 two real crossed Horovod jobs (horovodrun --gloo, 2 ranks each) that take turns.
 """
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import horovodrun_command, run_alongside, run_bounded
+from conftest import REPO_ROOT, horovodrun_command, run_alongside, run_bounded
 from crossover_tf.profiling import phases as timeline
 from test_strategy import WORKER, _check, _load, assert_trains_like_reference
 
@@ -28,9 +28,9 @@ def _turn(group: str, position: int = 0, jobs: int = 2, agree=lambda n: n, wait_
 @pytest.mark.parametrize("position, jobs", [(2, 2), (-1, 2), (0, 0), (0, 9), (True, 2),
                                             (0.5, 2)])
 def test_bad_positions_are_clear_errors(position, jobs):
-    from crossover_tf.lease import validate_turn
+    from crossover_tf.lease import validate_link_turn
     with pytest.raises(ValueError, match="position in"):
-        validate_turn(position, jobs)
+        validate_link_turn(position, jobs)
 
 
 def test_a_lone_job_takes_turns_without_waiting(lease_group):
@@ -157,7 +157,8 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
     for rank in range(2):   # rank r of A and rank r of B share host r's device cpu<r>
         a, b = crossed_a[rank], crossed_b[rank]
         for r in (a, b):
-            assert r["turn_stats"]["turns"] == STEPS and r["turn_stats"]["skipped"] == 0, r
+            stats = r["link_turn_stats"]
+            assert stats["turns"] == STEPS and stats["skipped"] == 0, r
             phases = timeline.step_phases(r["timeline"])
             turns = _intervals(r)
             assert np.all(phases[:, 1] <= turns[:, 0]), "allreduce began before the yield"
@@ -174,4 +175,13 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
     # The same order on both hosts, but where a join let two turns swap (see above).
     differ = sum(x != y for x, y in zip(*orders))
     assert len(orders[0]) == len(orders[1]) and differ <= 4 * EPOCHS, orders
-    assert sum(r["turn_stats"]["waited"] for r in crossed_a + crossed_b) > 0
+    assert sum(r["link_turn_stats"]["waited"] for r in crossed_a + crossed_b) > 0
+
+
+def test_python_limits_are_the_cores():
+    """Two limits, two names, each the C++ core's own (ops/core/lease_types.h): how many jobs a
+    group may declare (members of one lease) and how many may take link turns."""
+    from crossover_tf.lease import group_join, link_turn
+    header = (REPO_ROOT / "ops" / "core" / "lease_types.h").read_text()
+    assert f"constexpr int kMaxProcesses = {group_join.MAX_GROUP_JOBS};" in header
+    assert f"constexpr int kMaxLinkTurnJobs = {link_turn.MAX_LINK_TURN_JOBS};" in header

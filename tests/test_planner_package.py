@@ -8,7 +8,7 @@ import sys
 
 def test_planner_imports_without_tensorflow(child_env):
     code = ("import json, sys, crossover_tf_planner\n"
-            "crossover_tf_planner.predict_pair(\n"
+            "crossover_tf_planner.analytical.predict_pair(\n"
             "    crossover_tf_planner.JobProfile('a', compute_s=0.05, comm_s=0.05),\n"
             "    crossover_tf_planner.JobProfile('b', compute_s=0.05, comm_s=0.05), samples=0)\n"
             "print(json.dumps(sorted(m for m in sys.modules\n"

@@ -95,8 +95,8 @@ def train(args: argparse.Namespace) -> None:
               callbacks=callbacks)
     if args.done and rank == 0:
         pathlib.Path(args.done).touch()
-    result = {"rank": rank, "turn_stats": strategy.turn_stats(),
-              "turn_timeline": strategy.extended.turn.timeline().tolist()}
+    result = {"rank": rank, "link_turn_stats": strategy.link_turn_stats(),
+              "turn_timeline": strategy.extended.link_turn.timeline().tolist()}
     pathlib.Path(args.out.replace("RANK", str(rank))).write_text(json.dumps(result))
 
 
@@ -130,7 +130,7 @@ def refit(strategy, model, x, y, result: dict) -> None:
     joined: list[bool] = []
 
     def at_first_batch() -> None:
-        joined.append(strategy.extended.turn.joined)
+        joined.append(strategy.extended.link_turn.joined)
         if len(joined) == 2:   # the second fit: stands in for its slow first step
             result["peer"] = run_peer(strategy.group, strategy.extended.device_key)
 
@@ -152,7 +152,7 @@ def errors(strategy, model, x, y, result: dict) -> None:
             model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[
                 *strategy.callbacks(), keras.callbacks.LambdaCallback(on_train_batch_end=fail)])
         except (RuntimeError, KeyboardInterrupt) as e:
-            joined.append([type(e).__name__, strategy.extended.turn.joined])
+            joined.append([type(e).__name__, strategy.extended.link_turn.joined])
     result["joined_after_error"] = joined
     result["peer"] = run_peer(strategy.group, strategy.extended.device_key)
 

@@ -15,12 +15,16 @@ _MODULES = {
                                         "LeaseStats", "validate_priority", "validate_reserve",
                                         "validate_timeout"],
     "crossover_tf.lease.group_join": ["GroupIncomplete"],
-    "crossover_tf.lease.link_turn": ["LinkTurn", "TurnStats", "validate_turn",
-                                     "validate_turn_priority"],
+    "crossover_tf.lease.link_turn": ["LinkTurn", "LinkTurnStats", "validate_link_turn",
+                                     "validate_link_turn_priority"],
     "crossover_tf.lease.loader": ["load_library"],
     "crossover_tf.lease.membership": ["LeaseSnapshot", "Member", "Waiter", "validate_job"],
     "crossover_tf.lease.segments": ["LeaseDirError", "resolve_lease_dir"],
 }
 _EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
-__all__ = sorted(_EXPORTS)
+# The stable API; the validators and limits above stay importable here for code written
+# against earlier versions, but belong to their modules.
+__all__ = ["DeviceLease", "GroupIncomplete", "LeaseDirError", "LeaseSnapshot", "LeaseStats",
+           "LinkTurn", "LinkTurnStats", "Member", "TAG_APPLY", "TAG_COMPUTE", "TAG_OTHER",
+           "Waiter", "resolve_lease_dir"]

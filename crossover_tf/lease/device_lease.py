@@ -1,4 +1,4 @@
-"""DeviceLease: builds and runs the lease ops (ops/lease_ops.cc) for one (group, device)."""
+"""DeviceLease: builds and runs the lease ops (ops/tf/lease_ops.cc) for one (group, device)."""
 from __future__ import annotations
 
 import contextlib
@@ -79,7 +79,7 @@ class LeaseStats:
 
 def decode_named_values(cls: type, values: Any, names: Any) -> Any:
     """Builds dataclass cls from a stats op's (values, names): the C++ core names each value,
-    so the order is defined once, there (kLeaseStatsFields, kTurnStatsFields)."""
+    so the order is defined once, there (kLeaseStatsFields, kLinkTurnStatsFields)."""
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(names)]
     fields = {f.name: f.type for f in dataclasses.fields(cls)}
     if sorted(names) != sorted(fields):

@@ -21,7 +21,7 @@ LEASE_LABELS = ("group", "device")
 MEMBER_LABELS = LEASE_LABELS + ("crossover_job", "pid", "pid_ns")
 HOLDER_LABELS = LEASE_LABELS + ("crossover_job",)
 # Upper bounds (seconds) of the acquire-wait histogram's buckets: the C++ core's
-# kWaitBucketUpperNs (ops/lease_types.h), which counts them in the segment.
+# kWaitBucketUpperNs (ops/core/lease_types.h), which counts them in the segment.
 WAIT_BUCKETS_S = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0)
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from crossover_tf.lease.membership import Member
 
 POLL_S = 0.05
-MAX_JOBS = 64  # the C++ core's kMaxProcesses: at most that many members on one lease
+MAX_GROUP_JOBS = 64  # the C++ core's kMaxProcesses: at most that many members on one lease
 
 
 class GroupIncomplete(RuntimeError):
@@ -24,8 +24,8 @@ class GroupIncomplete(RuntimeError):
 
 def validate_jobs(jobs: int) -> int:
     """Checks a group's job count (at most as many as one lease has members)."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
-        raise ValueError(f"crossover lease: jobs must be a whole number in [1, {MAX_JOBS}], "
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_GROUP_JOBS:
+        raise ValueError(f"crossover lease: jobs must be a whole number in [1, {MAX_GROUP_JOBS}], "
                          f"got {jobs!r}")
     return jobs
 

@@ -34,21 +34,22 @@ import numpy as np
 from crossover_tf.lease.device_lease import (DeviceLease, decode_named_values, pass_through,
                                              validate_timeout)
 from crossover_tf.lease.loader import load_library
+from crossover_tf.nest_util import map_present
 
-MAX_JOBS = 8  # the C++ core's kMaxTurnJobs
-UNCONSTRAINED = 1 << 62  # the C++ core's kTurnUnconstrained: nobody else turns here
+MAX_LINK_TURN_JOBS = 8  # the C++ core's kMaxLinkTurnJobs (fewer than a group may have)
+UNCONSTRAINED = 1 << 62  # the C++ core's kLinkTurnUnconstrained: nobody else turns here
 
 
-def validate_turn(position: int, jobs: int) -> tuple[int, int]:
+def validate_link_turn(position: int, jobs: int) -> tuple[int, int]:
     """Checks a turn position early, with the same rule as the C++ side."""
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (position, jobs)) \
-            or not 1 <= jobs <= MAX_JOBS or not 0 <= position < jobs:
-        raise ValueError(f"crossover link turn: jobs must be in [1, {MAX_JOBS}] and position in "
-                         f"[0, jobs), got position {position!r} of {jobs!r} jobs")
+            or not 1 <= jobs <= MAX_LINK_TURN_JOBS or not 0 <= position < jobs:
+        raise ValueError(f"crossover link turn: jobs must be in [1, {MAX_LINK_TURN_JOBS}] and "
+                         f"position in [0, jobs), got position {position!r} of {jobs!r} jobs")
     return position, jobs
 
 
-def validate_turn_priority(priority: str) -> str:
+def validate_link_turn_priority(priority: str) -> str:
     """Refuses a lease priority other than "normal" for a job that takes link turns (see the
     module docstring: turns would pace a primary to its secondary)."""
     if priority != "normal":
@@ -61,7 +62,7 @@ def validate_turn_priority(priority: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class TurnStats:
+class LinkTurnStats:
     """This process's link turns so far."""
     turns: int
     waited: int     # turns that waited for another job's allreduce
@@ -86,7 +87,7 @@ class LinkTurn:
                  agree: Callable[[int], int], wait_s: float = 10.0,
                  barrier: Callable[[], None] = lambda: None):
         self.lease = lease
-        self.position, self.jobs = validate_turn(position, jobs)
+        self.position, self.jobs = validate_link_turn(position, jobs)
         self.wait_s = validate_timeout(wait_s)
         self._agree = agree
         self._barrier = barrier
@@ -159,6 +160,17 @@ class LinkTurn:
         """[n, 4] int64: request_ns, start_ns, done_ns (0 = running), skipped; wall clock."""
         return np.asarray(self._ops.crossover_link_turn_timeline(**self.lease.names))
 
-    def stats(self) -> TurnStats:
+    def stats(self) -> LinkTurnStats:
         values, names = self._ops.crossover_link_turn_stats(**self.lease.names)
-        return decode_named_values(TurnStats, values, names)
+        return decode_named_values(LinkTurnStats, values, names)
+
+
+def allreduce_in_turn(allreduce: Callable[[list[Any]], list[Any]], turn: LinkTurn | None,
+                      grads: list[Any]) -> list[Any]:
+    """allreduce(grads), after the other jobs' earlier allreduces when the job takes link
+    turns (`turn`; None: as they come). The Keras step and the custom-loop tape both run their
+    gradient allreduce through here."""
+    if turn is None:
+        return allreduce(grads)
+    grads = map_present(turn.wait, grads)
+    return map_present(turn.done, allreduce(grads))

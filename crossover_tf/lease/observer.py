@@ -3,9 +3,9 @@ holder, the queue and the lease's totals.
 
 The node exporter runs once per node beside the jobs; importing TensorFlow would cost it
 seconds and hundreds of MiB to read a few KiB. It reads through `_lease_observer.so`, a small
-library of the lease core with a C entry point (ops/lease_observer.cc), built with the op
+library of the lease core with a C entry point (ops/core/lease_observer.cc), built with the op
 library from the same sources, so both read one segment layout. The read is the one `status`
-makes: read-only and non-blocking, the trust rule checked (ops/lease_dir.h); nothing is joined,
+makes: read-only and non-blocking, the trust rule checked (ops/core/lease_dir.h); nothing is joined,
 created or repaired.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ class LeaseReadError(OSError):
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
-    """One member's use of the lease since it joined (LeaseUsage in ops/lease_types.h).
+    """One member's use of the lease since it joined (LeaseUsage in ops/core/lease_types.h).
     Counters never decrease while the member lives; hold_s includes its current hold."""
     acquires: int
     contended: int
@@ -72,7 +72,7 @@ class Observation:
     members: tuple[ObservedMember, ...]
     queue: tuple[ObservedWaiter, ...]
     held_for_s: float           # the current hold so far; 0 while free
-    overlapping_holds: int      # must be 0 (ops/lease_segment.h: SharedLease::inside)
+    overlapping_holds: int      # must be 0 (ops/core/lease_segment.h: SharedLease::inside)
     handoffs: int
     recoveries: int
     wait_bucket_upper_s: tuple[float, ...]  # the buckets' upper bounds (the last: +Inf)
@@ -121,7 +121,7 @@ def _usage(raw: dict) -> Usage:
 
 
 def parse_observation(text: str) -> Observation:
-    """Decodes the observer library's JSON (ops/lease_observer.cc)."""
+    """Decodes the observer library's JSON (ops/core/lease_observer.cc)."""
     raw = json.loads(text)
     return Observation(
         members=tuple(ObservedMember(m["job"], m["pid"], m["pid_ns"], m["holding"],

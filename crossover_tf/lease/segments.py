@@ -3,7 +3,7 @@
 One rule for group and device-key names (the C++ op enforces the same), one place that resolves
 and checks the lease directory and spells the segment path: the op wrapper, the status command,
 launchers' cleanup and tests all use these. Who may write the directory (the trust rule) is the
-C++ core's to check, on every open (ops/lease_dir.h): Python never opens a segment to use it.
+C++ core's to check, on every open (ops/core/lease_dir.h): Python never opens a segment to use it.
 
 The directory is `lease_dir` if given, else $CROSSOVER_LEASE_DIR, else /dev/shm. Containers and
 Slurm's job_container/tmpfs give each job its own /dev/shm, so jobs that must take turns on one
@@ -33,7 +33,7 @@ MAX_SEGMENTS = 1000  # bound on how many segments one cleanup or status touches
 
 # statfs f_type values the lease knows, and whether each keeps shared mappings, futexes and file
 # locks coherent among one host's processes: the C++ core's table (kFileSystems in
-# ops/lease_dir.cc; tests/test_lease_trust.py checks they agree). Only the local ones are
+# ops/core/lease_dir.cc; tests/test_lease_trust.py checks they agree). Only the local ones are
 # accepted, an allowlist: a lease on a network or cluster file system would silently exclude
 # nobody on another host, and on FUSE its locks depend on the daemon. The others are listed to
 # name them in the refusal.
@@ -189,7 +189,7 @@ class _Flock(ctypes.Structure):
 
 def _locked_by_anyone(fd: int) -> bool:
     """Whether any open file description holds a lock on any byte of the file: every member
-    holds its presence and slot bytes until it exits (ops/lease_liveness.h)."""
+    holds its presence and slot bytes until it exits (ops/core/lease_liveness.h)."""
     probe = _Flock(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)  # the whole file
     answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, bytes(probe))
     return _Flock.from_buffer_copy(answer).l_type != fcntl.F_UNLCK

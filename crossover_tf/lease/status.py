@@ -5,7 +5,7 @@ namespace), the holder and the queue. Read-only: it inspects each file as an obs
 (membership.read_snapshot: opened read-only and non-blocking, copied, never locked), so it never
 becomes a member, creates, changes or repairs a segment, and needs no write access. Other local
 users may plant files in a shared directory, so no file can stall it: the whole command is
-bounded (STATUS_BOUND_S), a file that fails the trust rule (ops/lease_dir.h) is skipped and
+bounded (STATUS_BOUND_S), a file that fails the trust rule (ops/core/lease_dir.h) is skipped and
 named, and names past the first MAX_SEGMENTS are counted, not silently dropped.
 """
 from __future__ import annotations

@@ -10,16 +10,15 @@ whether crossing two jobs pays, so a job must be able to produce one before it i
     profile = crossover_tf.ProfileCallback(strategy, "myjob.json", global_batch_size=64)
     model.fit(data, callbacks=[*strategy.callbacks(), profile])
 
-It reuses what a job already records: StepTimer's step wall and CPU times, and the lease
-timeline, which splits each step into compute (the forward/backward hold), communication
-(from that release to asking for the device again: the allreduce) and apply (the update's
-hold); profiling.job_record turns them into the JobStats record that train.py saves and
-crossover_tf_planner.profile_from_train_stats into a profile (the same path compare.py's solo
-scenarios take). Only a job with a crossover group has a lease timeline; alone in its group
-(no peer on its devices) the timeline is the solo one the planner needs. A job without a group
-is refused at construction: its allreduce cannot be told from its compute, and a profile
-without that split would mislead the planner.
-"""
+It reuses what a job already records: StepTimer's step wall and CPU times, and the lease timeline,
+which splits each step into compute (the forward/backward hold), communication (from that release to
+asking for the device again: the allreduce) and apply (the update's hold); profiling.job_record
+turns them into the JobStats record that train.py saves and
+crossover_tf_planner.profile.profile_from_train_stats into a profile (the same path compare.py's
+solo scenarios take). Only a job with a crossover group has a lease timeline; alone in its group (no
+peer on its devices) the timeline is the solo one the planner needs. A job without a group is
+refused at construction: its allreduce cannot be told from its compute, and a profile without that
+split would mislead the planner."""
 from __future__ import annotations
 
 import os

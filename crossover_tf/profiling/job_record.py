@@ -30,7 +30,7 @@ def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *,
                          f"{warmup_steps} of them warm-up)")
     step_times = np.array([r["step_time_s"] for r in timed])
     found: dict[str, Any] = {}
-    lease, turn = strategy.extended.lease, strategy.extended.turn
+    lease, turn = strategy.extended.lease, strategy.extended.link_turn
     if lease is not None:
         events = np.asarray(lease.timeline(), dtype=np.int64).reshape(-1, 4)
         phases_ns = phases.step_phases(events)
@@ -50,4 +50,4 @@ def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *,
         cpu_s=float(np.mean([r["cpu_s"] for r in timed])),
         losses=[r["loss"] for r in records if "loss" in r],
         step_end_ns=[r["end_ns"] for r in records],
-        lease=strategy.lease_stats(), turn=strategy.turn_stats(), **found, **fields)
+        lease=strategy.lease_stats(), turn=strategy.link_turn_stats(), **found, **fields)
