@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -43,6 +42,8 @@ import urllib.request
 from typing import Any, Callable, Iterator, Sequence
 
 import pytest
+
+from service import StartStopContext, terminate
 
 START_TIMEOUT_S = 30.0     # until /-/ready answers 200
 STOP_TIMEOUT_S = 10.0      # after SIGTERM, before SIGKILL
@@ -83,7 +84,7 @@ def _tail(path: pathlib.Path, lines: int = 20) -> str:
         return f"({path}: {e})"
 
 
-class PrometheusServer:
+class PrometheusServer(StartStopContext):
     """One Prometheus server scraping `targets` (each "host:port") every scrape_interval_s.
 
     Everything it writes lives under base_dir (a new temporary directory, removed on stop, when
@@ -114,18 +115,7 @@ class PrometheusServer:
             raise PrometheusError("Prometheus is not started")
         return f"http://127.0.0.1:{self.port}"
 
-    # -- start / stop
-    def __enter__(self) -> "PrometheusServer":
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
+    # -- start / stop (StartStopContext makes `with` of them)
     def start(self) -> "PrometheusServer":
         """Writes the config, starts prometheus and waits (bounded) until it is ready."""
         if self.proc is not None:
@@ -195,14 +185,8 @@ class PrometheusServer:
 
     def _kill(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=STOP_TIMEOUT_S)
+        if proc is not None:
+            terminate(proc, STOP_TIMEOUT_S)
 
     def stop(self) -> None:
         """Stops prometheus by pid (SIGTERM, SIGKILL after STOP_TIMEOUT_S); idempotent. Removes

@@ -26,7 +26,6 @@ import pathlib
 import pwd
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +35,8 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pytest
+
+from service import StartStopContext, terminate
 
 from conftest import REPO_ROOT
 
@@ -169,7 +170,7 @@ def _mem_total_mb() -> int:
     raise SlurmUnavailable("no MemTotal in /proc/meminfo")
 
 
-class SlurmCluster:
+class SlurmCluster(StartStopContext):
     """One node (this host, `hostname`) with slurmctld, slurmd and munged, for the tests."""
 
     def __init__(self, base_root: pathlib.Path = BASE_ROOT) -> None:
@@ -197,18 +198,7 @@ class SlurmCluster:
                                f"{result.stderr.strip() or result.stdout.strip()}")
         return result
 
-    # -- start / stop
-    def __enter__(self) -> "SlurmCluster":
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
+    # -- start / stop (StartStopContext makes `with` of them)
     def start(self) -> None:
         missing = [name for name in DAEMONS if shutil.which(name) is None]
         if missing:
@@ -338,15 +328,8 @@ class SlurmCluster:
                 self.wait(self.submitted, timeout_s=30, raise_on_timeout=False)
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.procs.pop(name, None)
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=STOP_TIMEOUT_S)
+            if proc is not None:
+                terminate(proc, STOP_TIMEOUT_S)
         if self.base.exists():
             for mount in self._mounts_under(self.base):
                 subprocess.run(["umount", "-l", mount], capture_output=True, timeout=15)

@@ -4,11 +4,13 @@ what Prometheus stored must agree with the jobs' own lease statistics.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import subprocess
 import sys
 import time
+from typing import Any, Iterator
 
 import pytest
 
@@ -28,6 +30,20 @@ def prometheus_factory(tmp_path):
     yield from prometheus_servers(tmp_path / "prometheus")
 
 
+@contextlib.contextmanager
+def scraped_lease_dir(tmp_path: pathlib.Path, child_env: dict[str, str],
+                      prometheus_factory) -> Iterator[tuple[dict[str, str], Any]]:
+    """A lease directory of the test's own, its exporter, and a Prometheus server scraping it
+    every SCRAPE_S (its target up); yields the jobs' environment and the server."""
+    leases = tmp_path / "leases"
+    leases.mkdir(mode=0o700)
+    env = {**child_env, segments.LEASE_DIR_ENV: str(leases)}
+    with exporter(leases, env) as port:
+        prom = prometheus_factory([f"127.0.0.1:{port}"], scrape_interval_s=SCRAPE_S)
+        prom.wait_for_targets_up(timeout_s=30)
+        yield env, prom
+
+
 def raw_samples(prom, promql: str) -> dict[str, list[tuple[float, float]]]:
     """The raw samples (scrape time, value) of a range selector, by crossover_job."""
     return {r["metric"].get("crossover_job", ""): [(float(t), float(v)) for t, v in r["values"]]
@@ -38,17 +54,12 @@ def raw_samples(prom, promql: str) -> dict[str, list[tuple[float, float]]]:
 @pytest.mark.multiprocess
 def test_prometheus_sees_each_jobs_share_of_a_crossed_pair(tmp_path, lease_group, child_env,
                                                            prometheus_factory):
-    leases = tmp_path / "leases"
-    leases.mkdir(mode=0o700)
-    env = {**child_env, segments.LEASE_DIR_ENV: str(leases)}
     barrier, linger = tmp_path / "barrier", tmp_path / "linger"
     barrier.mkdir()
     outs = {job: tmp_path / f"{job}.json" for job in ("jobA", "jobB")}
     jobs = []
     try:
-        with exporter(leases, env) as port:
-            prom = prometheus_factory([f"127.0.0.1:{port}"], scrape_interval_s=SCRAPE_S)
-            prom.wait_for_targets_up(timeout_s=30)
+        with scraped_lease_dir(tmp_path, child_env, prometheus_factory) as (env, prom):
             jobs = [subprocess.Popen(
                 [sys.executable, WORKER, str(out), "--group", lease_group, "--jobs", "2",
                  "--steps", str(STEPS), "--fit_only", "--job", job, "--linger", str(linger),
@@ -116,15 +127,10 @@ def test_prometheus_shares_of_a_busy_device_sum_to_at_most_one(tmp_path, lease_g
     """Two contenders keep the device busy (2 ms holds, back to back): the shares Prometheus
     computes from its samples sum to nearly 1 and never above, and each is the contender's own
     record of its holds in the same window."""
-    leases = tmp_path / "leases"
-    leases.mkdir(mode=0o700)
-    env = {**child_env, segments.LEASE_DIR_ENV: str(leases)}
     records = {job: tmp_path / f"{job}.out" for job in ("jobA", "jobB")}
     contenders = []
     try:
-        with exporter(leases, env) as port:
-            prom = prometheus_factory([f"127.0.0.1:{port}"], scrape_interval_s=SCRAPE_S)
-            prom.wait_for_targets_up(timeout_s=30)
+        with scraped_lease_dir(tmp_path, child_env, prometheus_factory) as (env, prom):
             contenders = [subprocess.Popen([str(lease_cli), "cycles", lease_group, "dev", "4000",
                                             "2000", str(out)],
                                            env={**env, "CROSSOVER_LEASE_JOB": job},

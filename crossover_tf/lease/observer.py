@@ -17,7 +17,7 @@ import json
 import os
 import pathlib
 
-from crossover_tf.lease.membership import PRIORITY_NAMES
+from crossover_tf.lease.membership import PRIORITY_NAMES, Member, Waiter
 
 LIBRARY_NAME = "_lease_observer.so"
 # $CROSSOVER_LEASE_OBSERVER (explicit), beside this file (pip build, ops/Makefile), or ops/ at
@@ -49,28 +49,16 @@ class Usage:
 
 
 @dataclasses.dataclass(frozen=True)
-class ObservedMember:
-    job: str
-    pid: int
-    pid_ns: int
-    holding: bool
+class ObservedMember(Member):
+    """A live member, with its counters."""
     usage: Usage
-
-
-@dataclasses.dataclass(frozen=True)
-class ObservedWaiter:
-    job: str
-    pid: int
-    pid_ns: int
-    priority: str
-    since_ns: int  # CLOCK_REALTIME ns when it queued
 
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
     """A lease at one moment, as an observer reads it."""
     members: tuple[ObservedMember, ...]
-    queue: tuple[ObservedWaiter, ...]
+    queue: tuple[Waiter, ...]
     held_for_s: float           # the current hold so far; 0 while free
     overlapping_holds: int      # must be 0 (ops/core/lease_segment.h: SharedLease::inside)
     handoffs: int
@@ -126,7 +114,7 @@ def parse_observation(text: str) -> Observation:
     return Observation(
         members=tuple(ObservedMember(m["job"], m["pid"], m["pid_ns"], m["holding"],
                                      _usage(m["usage"])) for m in raw["members"]),
-        queue=tuple(ObservedWaiter(w["job"], w["pid"], w["pid_ns"],
+        queue=tuple(Waiter(w["job"], w["pid"], w["pid_ns"],
                                    PRIORITY_NAMES.get(w["priority"], str(w["priority"])),
                                    w["since_wall_ns"]) for w in raw["queue"]),
         held_for_s=raw["held_for_ns"] / 1e9, overlapping_holds=raw["overlapping_holds"],
