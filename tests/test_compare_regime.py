@@ -919,3 +919,31 @@ def test_a_report_gives_one_recommendation_and_checks_every_trial():
     assert f"the solo runs are trial {shown}'s" in table
     saved = (pathlib.Path(__file__).parent / "data" / "compare_v1" / "compare.md").read_text()
     assert len([line for line in saved.splitlines() if RECOMMENDATION_LINE.search(line)]) == 1
+
+
+def test_each_trials_regime_is_tabulated_and_marked_when_it_drifts():
+    """Issue 39's run: the solo step grew trial by trial (C from 0.5 s to 0.85 s) while M
+    stayed at 0.5 s, so M/C fell from about 1 to 0.54. Before: nothing in compare.md showed it.
+    Now each trial's solo step, C, M and M/C are in one table, a trial more than 15% off the
+    asked-for M/C is marked, and the verdict says how many trials were in the regime."""
+    computes = [0.5, 0.77, 0.82, 0.85]
+    per_trial = [planning.with_planner(summary_lib.summarise(
+        _scenario_stats(c, 0.5, 1.3), 1, {"trial": i})) for i, c in enumerate(computes)]
+    result = dataclasses.replace(trials.combine(per_trial), regime=Regime(
+        comm_to_compute_asked=1.0, bandwidth_source="calibrated", bandwidth_mbit=19.1,
+        achieved_comm_to_compute=trials.spread([trials.comm_to_compute(t) for t in per_trial])))
+    from experiments.analysis import regime
+    marks = [r.in_regime for r in regime.trial_regimes(result)]
+    assert marks == [True, False, False, False]
+    assert regime.in_regime_count(result) == (1, 4)
+    table = report.markdown(result)
+    assert "| trial | A step / C / M (ms) | B step / C / M (ms) | M/C | within ±15% of 1 |" in table
+    assert "| 0 | 1050 / 550 / 500 | 1050 / 550 / 500 | 0.91 | yes |" in table
+    assert "| 3 | 1435 / 935 / 500 | 1435 / 935 / 500 | 0.53 | **no** |" in table
+    assert "1 of 4 trials ran within ±15% of the asked-for M/C 1; the calls below rest on" in table
+    assert "Over all 4 trial(s) (1 of them within ±15% of the asked-for M/C):" in table
+    # A fixed link asks for no M/C: the table shows the drift, nothing is marked or counted.
+    fixed = dataclasses.replace(result, regime=dataclasses.replace(
+        result.regime, comm_to_compute_asked=None, bandwidth_source="fixed"))
+    assert "| M/C | no M/C asked |" in report.markdown(fixed)
+    assert regime.in_regime_count(fixed) is None

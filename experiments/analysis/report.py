@@ -10,6 +10,7 @@ from crossover_tf_planner.comparison import (Comparison, IdealRound, ScenarioRes
                                              Trial)
 from crossover_tf_planner.job_stats import JobStats
 from experiments.analysis import attribute, intervals, planner_errors, planning
+from experiments.analysis import regime as regime_lib
 from experiments.comparison import trials
 
 JOB_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
@@ -193,8 +194,11 @@ def _verdict_lines(result: Comparison, n_trials: int) -> list[str]:
     printed here only; the planner's block names its inputs) and the measured winner, with the
     rule it follows on the next line."""
     recommended, winner = trials.verdict_cells(trials.verdict(result))
-    return [f"Over all {n_trials} trial(s): recommended **{recommended}**; measured winner: "
-            f"**{winner}**.", "", trials.VERDICT_RULE]
+    counted = regime_lib.in_regime_count(result)
+    within = (f" ({counted[0]} of them within ±{regime_lib.TOLERANCE:.0%} of the asked-for M/C)"
+              if counted is not None and n_trials > 1 else "")
+    return [f"Over all {n_trials} trial(s){within}: recommended **{recommended}**; measured "
+            f"winner: **{winner}**.", "", trials.VERDICT_RULE]
 
 
 def markdown(result: Comparison | Trial) -> str:
@@ -221,6 +225,7 @@ def markdown(result: Comparison | Trial) -> str:
         solo = result.scenarios[registry.solo(job)].jobs[job]
         lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
                      f"{1e3 * solo.step_time_s:.1f} |")
+    lines += regime_lib.drift_lines(result)
     if result.planner is not None:
         lines += _planner_lines(result, result.planner)
     if {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_NAIVE.key} <= set(
