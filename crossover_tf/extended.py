@@ -1,4 +1,5 @@
-"""CrossoverExtended: the strategy's internal state, kept behind one object.
+"""CrossoverExtended: the strategy's internal state, made once (bring_up) and kept in one frozen
+object.
 
 As tf.distribute keeps a strategy's machinery behind `strategy.extended`, the lease, the link
 turn, the device and its key live here, set up once in the order that makes them safe:
@@ -8,6 +9,7 @@ step; the link turn last, since joining it is a collective of the job's own rank
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -25,8 +27,11 @@ from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOpti
 _JOB_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@-]+")  # lease.validate_job's characters
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class CrossoverExtended:
-    """Lease, link turn, device and allreduce placement of one rank (read-only after set-up).
+    """One rank's crossover state, made once by bring_up() and shared, never copied, by the
+    strategy (as its read-only `extended`), the Keras hooks and callbacks (through
+    keras_hooks.CrossoverSetup) and the custom loop.
 
     Attributes:
       group, lease_options, link_turn_options, device_options, communication: as given.
@@ -34,42 +39,22 @@ class CrossoverExtended:
       device_key: this rank's device on its host (the lease's key).
       device: the TensorFlow device this rank's ops go on.
       allreduce_device: where the gradient allreduce runs (None: next to the gradients).
-      lease: the device lease (None without a group: plain Horovod).
+      lease: the device lease (None without a group: plain data parallelism).
       link_turn: the link turn (None without link turns).
       members: the jobs found on the lease when this job joined it.
     """
-
-    def __init__(self, group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
-                 device: DeviceOptions, communication: CommunicationOptions,
-                 comm: Communicator):
-        self.group = group
-        self.lease_options, self.link_turn_options = lease, link_turn
-        self.device_options, self.communication = device, communication
-        self.comm = comm
-        self.memory = devices.GpuMemoryPolicy(growth=device.memory_growth,
-                                              limit_mb=device.memory_limit_mb)
-        gpu_ordinal = self._configure_devices(device.configure)
-        driver = devices.CudaDriver() if gpu_ordinal is not None else None
-        self.device_key = device.device_key or devices.device_key(comm.local_rank, gpu_ordinal,
-                                                                  driver)
-        first_rank = self._check_consistent_across_ranks()
-        self.lease = (lease_lib.DeviceLease(
-            group, self.device_key, lease.timeout_s, lease.priority, lease_dir=lease.lease_dir,
-            shared_group=lease.shared_group, job=lease.job or default_job_label(first_rank))
-            if group else None)
-        self.members = self._join_group() if self.lease is not None else []
-        if self.lease is not None and gpu_ordinal is not None:  # someone outside computes?
-            gpu_processes.warn_about_outsiders(
-                gpu_processes.Nvml(), devices.read_device_uuid(driver, gpu_ordinal),
-                self.members, group)
-        self.link_turn = (lease_lib.LinkTurn(self.lease, link_turn.position, lease.jobs,
-                                        comm.agree_on_min, link_turn.wait_s, comm.barrier)
-                     if self.lease is not None and link_turn is not None else None)
-        self.device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
-                                                tf.config.list_logical_devices("CPU"),
-                                                comm.local_rank)
-        self.allreduce_device = devices.allreduce_device(communication.allreduce_on,
-                                                         self.lease is not None, self.device)
+    group: str
+    lease_options: LeaseOptions
+    link_turn_options: LinkTurnOptions | None
+    device_options: DeviceOptions
+    communication: CommunicationOptions
+    comm: Communicator
+    device_key: str
+    device: str
+    allreduce_device: str | None
+    lease: lease_lib.DeviceLease | None
+    link_turn: lease_lib.LinkTurn | None
+    members: tuple[Any, ...]
 
     def __repr__(self) -> str:
         return (f"CrossoverExtended(group={self.group!r}, device={self.device!r}, "
@@ -79,67 +64,101 @@ class CrossoverExtended:
     def step_end_reserve_s(self) -> float:
         return self.lease_options.step_end_reserve_s
 
-    def _join_group(self) -> list[Any]:
-        """Waits until the group's jobs are all on this rank's device lease; every rank raises
-        if any rank failed to join, for whatever reason (a short group, a directory that fails
-        the trust rule, a renamed segment), so no rank goes on into a collective that the
-        others left, and no rank is left waiting in this one."""
-        assert self.lease is not None
-        options = self.lease_options
-        error: Exception | None = None
-        try:
-            members, problem = self.lease.wait_for_jobs(options.jobs,
-                                                        options.join_timeout_s), None
-        except Exception as err:  # noqa: BLE001 -- agreed across ranks, then raised below
-            members, error = [], err
-            problem = (type(err).__name__, getattr(err, "message", None) or str(err))
-        problems = self.comm.gather(problem)
-        failed = [(rank, p) for rank, p in enumerate(problems) if p]
-        if failed:
-            rank, (kind, first) = failed[0]
-            ranks = ", ".join(str(r) for r, _ in failed)
-            message = (f"crossover_tf: rank(s) {ranks} of this job could not join the group's "
-                       f"lease. Rank {rank}: {kind}: {first}")
-            incomplete = all(p[0] == lease_lib.GroupIncomplete.__name__ for _, p in failed)
-            raise (lease_lib.GroupIncomplete if incomplete else RuntimeError)(message) from error
-        logging.info("crossover_tf: rank %d joined %s with %s", self.comm.rank, self.lease,
-                     members)
-        return members
 
-    def _configure_devices(self, configure: bool) -> int | None:
-        """Pins this rank's GPU (before TF initialises devices); returns its CUDA ordinal."""
-        gpus = tf.config.list_physical_devices("GPU")  # does not initialise the runtime
-        if not gpus:
-            return None
-        if configure:
-            chosen = devices.configure_local_gpu(tf.config, self.memory, self.comm.local_rank,
-                                                 self.comm.local_size,
-                                                 tf.config.LogicalDeviceConfiguration)
-        else:
-            chosen = gpus[self.comm.local_rank % len(gpus)]
-        return devices.physical_gpu_ordinal(gpus, chosen)
+def bring_up(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
+             device: DeviceOptions, communication: CommunicationOptions,
+             comm: Communicator) -> CrossoverExtended:
+    """Sets this rank up, in the order that makes it safe (module docstring), and returns its
+    state. Collective: every rank of the job calls it."""
+    memory = devices.GpuMemoryPolicy(growth=device.memory_growth,
+                                     limit_mb=device.memory_limit_mb)
+    gpu_ordinal = _configure_devices(device.configure, memory, comm)
+    driver = devices.CudaDriver() if gpu_ordinal is not None else None
+    device_key = device.device_key or devices.device_key(comm.local_rank, gpu_ordinal, driver)
+    first_rank = _check_consistent_across_ranks(group, device_key, comm)
+    device_lease = (lease_lib.DeviceLease(
+        group, device_key, lease.timeout_s, lease.priority, lease_dir=lease.lease_dir,
+        shared_group=lease.shared_group, job=lease.job or default_job_label(first_rank))
+        if group else None)
+    members = _join_group(device_lease, lease, comm) if device_lease is not None else []
+    if device_lease is not None and gpu_ordinal is not None:  # someone outside computes?
+        gpu_processes.warn_about_outsiders(
+            gpu_processes.Nvml(), devices.read_device_uuid(driver, gpu_ordinal), members, group)
+    turn = (lease_lib.LinkTurn(device_lease, link_turn.position, lease.jobs, comm.agree_on_min,
+                               link_turn.wait_s, comm.barrier)
+            if device_lease is not None and link_turn is not None else None)
+    local_device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
+                                             tf.config.list_logical_devices("CPU"),
+                                             comm.local_rank)
+    return CrossoverExtended(
+        group, lease, link_turn, device, communication, comm, device_key, local_device,
+        devices.allreduce_device(communication.allreduce_on, device_lease is not None,
+                                 local_device),
+        device_lease, turn, tuple(members))
 
-    def _check_consistent_across_ranks(self) -> dict[str, Any]:
-        """Fails fast on configuration that would deadlock or silently mis-schedule later;
-        returns rank 0's description (its host and pid name the job by default)."""
-        mine = {"group": self.group, "host": socket.gethostname(),
-                "device_key": self.device_key, "pid": os.getpid()}
-        everyone = self.comm.gather(mine)
-        groups = sorted({c["group"] for c in everyone})
-        if len(groups) > 1:
-            per_rank = ", ".join(f"rank {r}: {c['group']!r}" for r, c in enumerate(everyone))
-            raise ValueError("crossover_tf: ranks of one job must use the same crossover group; "
-                             f"got {per_rank}")
-        seen: dict[tuple[str, str], int] = {}
-        for r, c in enumerate(everyone):
-            where = (c["host"], c["device_key"])
-            if where in seen and self.group:
-                raise ValueError(
-                    f"crossover_tf: ranks {seen[where]} and {r} of one job share device key "
-                    f"{c['device_key']!r} on host {c['host']!r}; they would serialise each "
-                    "other. Give each local rank its own device (CROSSOVER_DEVICE_KEY).")
-            seen[where] = r
-        return everyone[0]
+
+def _join_group(lease: lease_lib.DeviceLease, options: LeaseOptions,
+                comm: Communicator) -> list[Any]:
+    """Waits until the group's jobs are all on this rank's device lease; every rank raises
+    if any rank failed to join, for whatever reason (a short group, a directory that fails
+    the trust rule, a renamed segment), so no rank goes on into a collective that the
+    others left, and no rank is left waiting in this one."""
+    error: Exception | None = None
+    try:
+        members, problem = lease.wait_for_jobs(options.jobs, options.join_timeout_s), None
+    except Exception as err:  # noqa: BLE001 -- agreed across ranks, then raised below
+        members, error = [], err
+        problem = (type(err).__name__, getattr(err, "message", None) or str(err))
+    problems = comm.gather(problem)
+    failed = [(rank, p) for rank, p in enumerate(problems) if p]
+    if failed:
+        rank, (kind, first) = failed[0]
+        ranks = ", ".join(str(r) for r, _ in failed)
+        message = (f"crossover_tf: rank(s) {ranks} of this job could not join the group's "
+                   f"lease. Rank {rank}: {kind}: {first}")
+        incomplete = all(p[0] == lease_lib.GroupIncomplete.__name__ for _, p in failed)
+        raise (lease_lib.GroupIncomplete if incomplete else RuntimeError)(message) from error
+    logging.info("crossover_tf: rank %d joined %s with %s", comm.rank, lease, members)
+    return members
+
+
+def _configure_devices(configure: bool, memory: devices.GpuMemoryPolicy,
+                       comm: Communicator) -> int | None:
+    """Pins this rank's GPU (before TF initialises devices); returns its CUDA ordinal."""
+    gpus = tf.config.list_physical_devices("GPU")  # does not initialise the runtime
+    if not gpus:
+        return None
+    if configure:
+        chosen = devices.configure_local_gpu(tf.config, memory, comm.local_rank,
+                                             comm.local_size,
+                                             tf.config.LogicalDeviceConfiguration)
+    else:
+        chosen = gpus[comm.local_rank % len(gpus)]
+    return devices.physical_gpu_ordinal(gpus, chosen)
+
+
+def _check_consistent_across_ranks(group: str, device_key: str,
+                                   comm: Communicator) -> dict[str, Any]:
+    """Fails fast on configuration that would deadlock or silently mis-schedule later;
+    returns rank 0's description (its host and pid name the job by default)."""
+    mine = {"group": group, "host": socket.gethostname(), "device_key": device_key,
+            "pid": os.getpid()}
+    everyone = comm.gather(mine)
+    groups = sorted({c["group"] for c in everyone})
+    if len(groups) > 1:
+        per_rank = ", ".join(f"rank {r}: {c['group']!r}" for r, c in enumerate(everyone))
+        raise ValueError("crossover_tf: ranks of one job must use the same crossover group; "
+                         f"got {per_rank}")
+    seen: dict[tuple[str, str], int] = {}
+    for r, c in enumerate(everyone):
+        where = (c["host"], c["device_key"])
+        if where in seen and group:
+            raise ValueError(
+                f"crossover_tf: ranks {seen[where]} and {r} of one job share device key "
+                f"{c['device_key']!r} on host {c['host']!r}; they would serialise each "
+                "other. Give each local rank its own device (CROSSOVER_DEVICE_KEY).")
+        seen[where] = r
+    return everyone[0]
 
 
 def default_job_label(first_rank: dict[str, Any]) -> str:

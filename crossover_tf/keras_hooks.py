@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from crossover_tf import first_step, keras_compat
+from crossover_tf.extended import CrossoverExtended
 from crossover_tf.inference_step import LeasedInferenceStep
 from crossover_tf.lease import DeviceLease, LinkTurn
 from crossover_tf.train_step import Allreduce, CrossoverTrainStep
@@ -33,15 +34,28 @@ Step = Callable[[Any], Any]
 
 @dataclasses.dataclass(frozen=True)
 class CrossoverSetup:
-    """What the steps need from the strategy (and nothing else of it)."""
-    lease: DeviceLease | None
+    """What the steps need from the strategy (and nothing else of it): the rank's one state,
+    shared and never copied, and how this model's steps run."""
+    state: CrossoverExtended
     allreduce: Allreduce
     sync_state: first_step.SyncState | None  # None: one rank, nothing to broadcast
     micro_batches: int = 1  # >1: compute under one hold per micro-batch (priority mode)
-    step_end_reserve_s: float = 0.0  # the step-end yield's reservation (a primary's)
-    turn: LinkTurn | None = None  # the allreduce order among the group's jobs
     # Averages a dict of scalars over the job's ranks (None: one rank); evaluate returns it.
     average_logs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    @property
+    def lease(self) -> DeviceLease | None:
+        return self.state.lease
+
+    @property
+    def turn(self) -> LinkTurn | None:
+        """The allreduce order among the group's jobs (None: no link turns)."""
+        return self.state.link_turn
+
+    @property
+    def step_end_reserve_s(self) -> float:
+        """The step-end yield's reservation (a primary's)."""
+        return self.state.step_end_reserve_s
 
 
 def installed_setup(model: keras.Model) -> CrossoverSetup | None:

@@ -19,7 +19,7 @@ from absl import logging
 from crossover_tf import callbacks, custom_loop, keras_hooks, options
 from crossover_tf import lease as lease_lib
 from crossover_tf.communication import Communicator
-from crossover_tf.extended import CrossoverExtended
+from crossover_tf.extended import CrossoverExtended, bring_up
 from crossover_tf.horovod_backend import HorovodCommunicator
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
@@ -67,8 +67,7 @@ class CrossoverStrategy:
             _checked("link_turn", link_turn, LinkTurnOptions)
         options.check_combination(group, lease, link_turn)
         self._comm = _communicator(communication)
-        self._extended = CrossoverExtended(group, lease, link_turn, device, communication,
-                                           self._comm)
+        self._extended = bring_up(group, lease, link_turn, device, communication, self._comm)
         if self.extended.lease is not None:
             keras_hooks.guard_fit()  # a fit that fails between steps must still leave
         logging.info("crossover_tf: rank %d/%d %s", self.rank, self.size, self.extended)
@@ -245,9 +244,8 @@ class CrossoverStrategy:
                              f"{micro_batches!r}")
         several = self.size > 1
         return keras_hooks.CrossoverSetup(
-            self.extended.lease, self.synchronize_gradients,
+            self.extended, self.synchronize_gradients,
             self.broadcast_variables if several else None, micro_batches,
-            self.extended.step_end_reserve_s, self.extended.link_turn,
             self._comm.average_scalars if several else None)
 
 
