@@ -941,7 +941,7 @@ def test_each_trials_regime_is_tabulated_and_marked_when_it_drifts():
     assert "| 0 | 1050 / 550 / 500 | 1050 / 550 / 500 | 0.91 | yes |" in table
     assert "| 3 | 1435 / 935 / 500 | 1435 / 935 / 500 | 0.53 | **no** |" in table
     assert "1 of 4 trials ran within ±15% of the asked-for M/C 1; the calls below rest on" in table
-    assert "Over all 4 trial(s) (1 of them within ±15% of the asked-for M/C):" in table
+    assert "Trials in the regime: 1 of 4 within ±15% of the asked-for M/C." in table
     # A fixed link asks for no M/C: the table shows the drift, nothing is marked or counted.
     fixed = dataclasses.replace(result, regime=dataclasses.replace(
         result.regime, comm_to_compute_asked=None, bandwidth_source="fixed"))

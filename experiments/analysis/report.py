@@ -195,10 +195,11 @@ def _verdict_lines(result: Comparison, n_trials: int) -> list[str]:
     rule it follows on the next line."""
     recommended, winner = trials.verdict_cells(trials.verdict(result))
     counted = regime_lib.in_regime_count(result)
-    within = (f" ({counted[0]} of them within ±{regime_lib.TOLERANCE:.0%} of the asked-for M/C)"
-              if counted is not None and n_trials > 1 else "")
-    return [f"Over all {n_trials} trial(s){within}: recommended **{recommended}**; measured "
-            f"winner: **{winner}**.", "", trials.VERDICT_RULE]
+    within = ([f"Trials in the regime: {counted[0]} of {counted[1]} within "
+               f"±{regime_lib.TOLERANCE:.0%} of the asked-for M/C."]
+              if counted is not None and n_trials > 1 else [])
+    return [f"Over all {n_trials} trial(s): recommended **{recommended}**; measured winner: "
+            f"**{winner}**.", *within, "", trials.VERDICT_RULE]
 
 
 def markdown(result: Comparison | Trial) -> str:
