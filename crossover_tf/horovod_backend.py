@@ -6,6 +6,7 @@ horovod.keras does not support Keras 3 (horovod issue 4290).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import horovod.tensorflow as hvd
@@ -53,7 +54,9 @@ class HorovodCommunicator(Communicator):
     def allreduce(self, tensors: Sequence[tf.Tensor], *, mean: bool, name: str,
                   device: str | None = None, compress: bool = False) -> list[tf.Tensor]:
         op = hvd.Average if mean else hvd.Sum
-        with tf.device(device):
+        # tf.device(None) would clear the caller's device scope (strategy.scope()): only an
+        # explicit placement (the gradients' allreduce_device) replaces it.
+        with tf.device(device) if device is not None else contextlib.nullcontext():
             if len(tensors) == 1 and not compress:  # a metric or a reduce: Horovod's own op
                 return [hvd.allreduce(tensors[0], op=op, name=name)]
             return hvd.grouped_allreduce(

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import crossover_tf_planner as planner
-from crossover_tf_planner import cli
+from crossover_tf_planner import cli, policies
 from conftest import REPO_ROOT
 from test_planner_inputs import write_profile, write_stats
 
@@ -45,7 +45,7 @@ def test_recommend_takes_every_form_of_a_job_and_returns_json(tmp_path):
     assert result.recommendation in RECOMMENDATIONS and (result.job_a, result.job_b) == ("A", "B")
     data = json.loads(result.to_json(tmp_path / "out.json"))
     assert set(data) == PREDICTION_KEYS and data == json.loads((tmp_path / "out.json").read_text())
-    assert set(data["normalised"]) == set(planner.policies.PREDICTED)
+    assert set(data["normalised"]) == set(policies.PREDICTED)
     contended = planner.recommend(stats_path, b, device_model="cpu",
                                   contention=planner.LinkContention(shared_efficiency=0.8))
     assert contended.device_model == "cpu"

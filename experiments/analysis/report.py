@@ -195,9 +195,9 @@ def _verdict_lines(result: Comparison, n_trials: int) -> list[str]:
     rule it follows on the next line."""
     recommended, winner = trials.verdict_cells(trials.verdict(result))
     counted = regime_lib.in_regime_count(result)
-    within = ([f"Trials in the regime: {counted[0]} of {counted[1]} within "
-               f"±{regime_lib.TOLERANCE:.0%} of the asked-for M/C."]
-              if counted is not None and n_trials > 1 else [])
+    within = (["", f"Trials in the regime: {counted[0]} of {counted[1]} within "
+                   f"±{regime_lib.TOLERANCE:.0%} of the asked-for M/C."]
+              if counted is not None and counted[1] > 1 else [])
     return [f"Over all {n_trials} trial(s): recommended **{recommended}**; measured winner: "
             f"**{winner}**.", *within, "", trials.VERDICT_RULE]
 
