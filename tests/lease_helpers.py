@@ -7,7 +7,6 @@ import contextlib
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,8 @@ import urllib.request
 from typing import Callable, Iterator
 
 import pytest
+
+from service import free_port
 
 # Made-up ids with no entry in the user database (as a bare uid from a container runtime):
 # two members of the lease group, and an outsider.
@@ -68,12 +69,6 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None
 # ----- the node exporter ----------------------------------------------------------------------
 
 Samples = dict[tuple[str, frozenset], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> Samples:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -43,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
-from service import StartStopContext, terminate
+from service import StartStopContext, free_port, log_tail, terminate
 
 START_TIMEOUT_S = 30.0     # until /-/ready answers 200
 STOP_TIMEOUT_S = 10.0      # after SIGTERM, before SIGKILL
@@ -63,25 +62,12 @@ class PrometheusError(RuntimeError):
     which, with the log's tail where it helps."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _duration(seconds: float) -> str:
     """Prometheus's duration syntax, in whole milliseconds ("1000ms")."""
     ms = int(round(seconds * 1000))
     if ms <= 0:
         raise ValueError(f"a Prometheus duration must be positive, not {seconds} s")
     return f"{ms}ms"
-
-
-def _tail(path: pathlib.Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as e:
-        return f"({path}: {e})"
 
 
 class PrometheusServer(StartStopContext):
@@ -127,7 +113,7 @@ class PrometheusServer(StartStopContext):
         self.storage.mkdir(exist_ok=True)
         self._write_config()
         for attempt in range(1, START_ATTEMPTS + 1):
-            self.port = _free_port()
+            self.port = free_port()
             with open(self.log, "ab") as sink:
                 sink.write(f"--- start {attempt}: port {self.port}\n".encode())
                 sink.flush()
@@ -181,7 +167,7 @@ class PrometheusServer(StartStopContext):
 
     def logs(self, lines: int = 20) -> str:
         """The last lines of prometheus's output (its log goes to stderr)."""
-        return f"--- {self.log} (last {lines} lines):\n{_tail(self.log, lines)}"
+        return f"--- {self.log} (last {lines} lines):\n{log_tail(self.log, lines)}"
 
     def _kill(self) -> None:
         proc, self.proc = self.proc, None

@@ -1,11 +1,29 @@
 """What the test helpers that start real daemons (Slurm, Prometheus) share."""
 from __future__ import annotations
 
+import pathlib
 import signal
+import socket
 import subprocess
 from typing import TypeVar
 
 S = TypeVar("S", bound="StartStopContext")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (a daemon may still race for
+    it; callers that start one retry or fail clearly)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: pathlib.Path, lines: int = 15) -> str:
+    """The last lines of a daemon's log, for an error message (or why it could not be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"({path}: {e})"
 
 
 def terminate(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -36,7 +36,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import pytest
 
-from service import StartStopContext, terminate
+from service import StartStopContext, free_port, log_tail, terminate
 
 from conftest import REPO_ROOT
 
@@ -150,19 +150,6 @@ def describe_overlap(result: dict) -> list[str]:
 
 # --- the cluster ----------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: pathlib.Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as e:
-        return f"({path}: {e})"
-
-
 def _mem_total_mb() -> int:
     for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
@@ -245,7 +232,7 @@ class SlurmCluster(StartStopContext):
             if self.procs["munged"].poll() is not None or time.monotonic() > deadline:
                 raise SlurmUnavailable(
                     f"munged did not start (exit {self.procs['munged'].poll()}): "
-                    f"{_tail(self.base / 'log' / 'munged.out')} {_tail(mdir / 'munged.log')}")
+                    f"{log_tail(self.base / 'log' / 'munged.out')} {log_tail(mdir / 'munged.log')}")
             time.sleep(0.1)
 
     def _write_config(self) -> None:
@@ -254,8 +241,8 @@ class SlurmCluster(StartStopContext):
         self.conf.write_text("\n".join([
             f"ClusterName=xo{uuid.uuid4().hex[:8]}",
             f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -315,8 +302,8 @@ class SlurmCluster(StartStopContext):
 
     def logs(self, name: str | None = None) -> str:
         names = [name] if name else ["slurmctld", "slurmd"]
-        return "\n".join(f"--- {n}.log:\n{_tail(self.base / 'log' / f'{n}.log')}\n"
-                         f"--- {n}.out:\n{_tail(self.base / 'log' / f'{n}.out')}"
+        return "\n".join(f"--- {n}.log:\n{log_tail(self.base / 'log' / f'{n}.log')}\n"
+                         f"--- {n}.out:\n{log_tail(self.base / 'log' / f'{n}.out')}"
                          for n in names)
 
     def stop(self) -> None:

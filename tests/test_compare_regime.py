@@ -176,10 +176,14 @@ def _scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
                                          comm_s) for j in "AB"}}
 
 
-def _trial_results(speedups: list[float]) -> list[dict]:
+def _trial_results(speedups: list[float], computes: list[float] | None = None,
+                   comm_s: float = 0.1) -> list[dict]:
+    """Trials of the given crossover speedups (and per-trial solo compute, 0.1 s each by
+    default), each with the planner's check."""
     results = []
-    for trial, speedup in enumerate(speedups):
-        summary = summary_lib.summarise(_scenario_stats(0.1, 0.1, speedup), 1, {"trial": trial})
+    for trial, (speedup, compute_s) in enumerate(zip(speedups, computes or [0.1] * len(speedups))):
+        summary = summary_lib.summarise(_scenario_stats(compute_s, comm_s, speedup), 1,
+                                        {"trial": trial})
         summary = planning.with_planner(summary)
         results.append(summary)
     return results
@@ -926,9 +930,7 @@ def test_each_trials_regime_is_tabulated_and_marked_when_it_drifts():
     stayed at 0.5 s, so M/C fell from about 1 to 0.54. Before: nothing in compare.md showed it.
     Now each trial's solo step, C, M and M/C are in one table, a trial more than 15% off the
     asked-for M/C is marked, and the verdict says how many trials were in the regime."""
-    computes = [0.5, 0.77, 0.82, 0.85]
-    per_trial = [planning.with_planner(summary_lib.summarise(
-        _scenario_stats(c, 0.5, 1.3), 1, {"trial": i})) for i, c in enumerate(computes)]
+    per_trial = _trial_results([1.3] * 4, computes=[0.5, 0.77, 0.82, 0.85], comm_s=0.5)
     result = dataclasses.replace(trials.combine(per_trial), regime=Regime(
         comm_to_compute_asked=1.0, bandwidth_source="calibrated", bandwidth_mbit=19.1,
         achieved_comm_to_compute=trials.spread([trials.comm_to_compute(t) for t in per_trial])))

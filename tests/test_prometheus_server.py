@@ -19,8 +19,9 @@ from typing import Callable, Iterator
 
 import pytest
 
+from service import free_port
 from prometheus_server import (PrometheusError, PrometheusServer, PrometheusUnavailable,
-                               _free_port, prometheus_servers)
+                               prometheus_servers)
 
 prometheus_client = pytest.importorskip(
     "prometheus_client", reason="prometheus-client (scripts/install.sh) serves the test target")
@@ -51,7 +52,7 @@ def ticks() -> Iterator[tuple[str, object]]:
 
 def test_prometheus_scrapes_a_counter_and_answers_queries(prometheus_factory, ticks) -> None:
     target, counter = ticks
-    dead = f"127.0.0.1:{_free_port()}"  # nobody serves it
+    dead = f"127.0.0.1:{free_port()}"  # nobody serves it
     counter.labels(side="a").inc(7)
     started = time.monotonic()
     prom = prometheus_factory([target, dead], scrape_interval_s=1.0)

@@ -113,12 +113,10 @@ class LeaseCollector(Collector):
 
 
 def serve(port: int, address: str, lease_dir: str | None, group: str | None) -> None:
-    """Serves the metrics until killed."""
-    # No GPU: reading a lease needs none, and the exporter must never take device memory from
-    # the jobs it watches (nothing here loads CUDA; this keeps it so for anything that might).
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    REGISTRY.register(LeaseCollector(lease_dir, group))
+    """Serves the metrics until killed (cli.py hides the GPUs first)."""
+    collector = LeaseCollector(lease_dir, group)
+    REGISTRY.register(collector)
     start_http_server(port, addr=address)
     print(f"crossover lease exporter: serving http://{address}:{port}/metrics for "
-          f"{resolve_lease_dir(lease_dir)}", flush=True)
+          f"{collector.lease_dir}", flush=True)
     threading.Event().wait()

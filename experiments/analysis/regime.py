@@ -48,7 +48,10 @@ def trial_regimes(result: Comparison) -> list[TrialRegime]:
 
 def in_regime_count(result: Comparison) -> tuple[int, int] | None:
     """(trials in the regime, trials with solo runs); None where no M/C was asked for."""
-    regimes = trial_regimes(result)
+    return _count(trial_regimes(result))
+
+
+def _count(regimes: list[TrialRegime]) -> tuple[int, int] | None:
     if not regimes or regimes[0].in_regime is None:
         return None
     return sum(r.in_regime for r in regimes), len(regimes)
@@ -74,7 +77,7 @@ def drift_lines(result: Comparison) -> list[str]:
         verdict = "—" if r.in_regime is None else ("yes" if r.in_regime else "**no**")
         lines.append(f"| {r.trial} | " + " | ".join(cells)
                      + f" | {r.comm_to_compute:.2f} | {verdict} |")
-    counted = in_regime_count(result)
+    counted = _count(regimes)
     if counted is not None:
         inside, total = counted
         lines += ["", f"{inside} of {total} trials ran within ±{TOLERANCE:.0%} of the asked-for "
