@@ -2,7 +2,7 @@
 
 Why `--short`: a benchmark no test runs rots silently (issue 38: strategy_overhead failed
 unseen). Each benchmark takes `--short` to run in seconds with the same code path, so
-tests/test_benchmarks.py can run the documented command and check that it prints its figure;
+tests/system/test_benchmarks.py can run the documented command and check that it prints its figure;
 the figures themselves come only from the full runs.
 """
 from __future__ import annotations

@@ -125,7 +125,7 @@ def uncontended_pair_cost(iterations: int) -> tuple[float, float]:
     @tf.function
     def with_lease(x):
         for _ in tf.range(iterations):
-            x = lease.release(lease.acquire(x))
+            x = lease.yield_device(lease.acquire(x))
         return x
 
     @tf.function
@@ -144,7 +144,7 @@ def uncontended_pair_cost(iterations: int) -> tuple[float, float]:
             fn(x).numpy()
             best = min(best, time.perf_counter() - start)
         timings[name] = best / iterations
-    lease.release()
+    lease.yield_device()
     remove_group_segments([lease.group])
     return timings["lease"], timings["identity"]
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import keras
 
-from crossover_tf import keras_hooks
+from crossover_tf._keras import hooks as keras_hooks
 
 
 class CrossoverTrainStepCallback(keras.callbacks.Callback):
@@ -33,7 +33,7 @@ class CrossoverTrainStepCallback(keras.callbacks.Callback):
         keras_hooks.install(model, self.setup)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        keras_hooks.release(self.setup.lease, self.setup.turn)
+        keras_hooks.leave(self.setup.lease, self.setup.turn)
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._pause_turn()

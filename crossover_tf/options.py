@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from crossover_tf.devices import ALLREDUCE_PLACEMENTS
 from crossover_tf.lease import segments
 from crossover_tf.lease.device_lease import (validate_priority, validate_reserve,
                                              validate_timeout)
@@ -21,6 +20,9 @@ from crossover_tf.lease.link_turn import validate_link_turn, validate_link_turn_
 
 DEFAULT_PRIMARY_RESERVE_S = 0.05
 MEMORY_MODES = ("growth", "all")
+
+# Where the gradient allreduce may run (_setup.devices.allreduce_device picks within them).
+ALLREDUCE_PLACEMENTS = ("auto", "host", "device")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,11 +16,13 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from crossover_tf import callbacks, custom_loop, keras_hooks, options
+from crossover_tf import callbacks, options
+from crossover_tf._hold import custom_loop
+from crossover_tf._keras import hooks as keras_hooks
 from crossover_tf import lease as lease_lib
-from crossover_tf.communication import Communicator
-from crossover_tf.extended import CrossoverExtended, bring_up
-from crossover_tf.horovod_backend import HorovodCommunicator
+from crossover_tf._communication.communicator import Communicator
+from crossover_tf._setup.extended import CrossoverExtended, bring_up
+from crossover_tf._communication.horovod import HorovodCommunicator
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
 
@@ -44,7 +46,7 @@ class CrossoverStrategy:
 
     The internal state (the lease, the link turn, the device) is behind the read-only
     `extended`, as in tf.distribute. Every collective goes through one communicator
-    (communication.Communicator; Horovod's is horovod_backend.HorovodCommunicator).
+    (_communication.communicator.Communicator; Horovod's is _communication.horovod).
 
     Contract for the model: its forward and backward pass (layers, losses, metrics) must run no
     collective, such as a Horovod allreduce inside a synchronized BatchNorm. They run while this
@@ -168,7 +170,7 @@ class CrossoverStrategy:
     def callbacks(self, *, micro_batches: int = 1, average_metrics: bool = True
                   ) -> list[keras.callbacks.Callback]:
         """Callbacks for model.fit: run crossover steps (rank 0's state broadcast before the
-        first), average logged metrics over ranks, release the device when training ends.
+        first), average logged metrics over ranks, leave the device when training ends.
 
         micro_batches > 1 computes each step as that many equal micro-batches, each under its
         own hold, accumulating gradients (the full batch's result, except for batch-dependent
@@ -216,14 +218,14 @@ class CrossoverStrategy:
     def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """Averages gradients over all ranks (one grouped allreduce; None stays None).
 
-        A collective: the train step calls it with the device lease released.
+        A collective: the train step calls it with the device yielded.
         """
         return self._comm.allreduce_gradients(grads, self.extended.allreduce_device)
 
     def leave_device(self) -> None:
         """Eagerly gives up the lease if held and the link turn if taken (end of training,
         errors): the peer job never waits on us; no-op otherwise."""
-        keras_hooks.release(self.extended.lease, self.extended.link_turn)
+        keras_hooks.leave(self.extended.lease, self.extended.link_turn)
 
     def link_turn_stats(self) -> dict[str, float]:
         """This process's link turn statistics ({} without a link turn)."""
@@ -261,6 +263,6 @@ def _checked(name: str, value: _Options | None, kind: type[_Options]) -> _Option
 
 
 def _communicator(communication: CommunicationOptions) -> Communicator:
-    """The job's communicator: Horovod's (the one backend so far; communication.py says what
+    """The job's communicator: Horovod's (the one backend so far; communicator.py says what
     another must provide)."""
     return HorovodCommunicator(communication.compression, communication.init_horovod)

@@ -3,7 +3,7 @@
 A scheduler holds what its jobs wrote (profile files from crossover_tf.ProfileCallback,
 train.py's stats.json) or records it built itself, so both functions take any of those, and
 return typed results with ``to_json``. The keyword arguments and the result fields are a
-contract (tests/test_planner_api.py pins them); the modules behind them may change.
+contract (tests/unit/test_planner_api.py pins them); the modules behind them may change.
 """
 
 from __future__ import annotations

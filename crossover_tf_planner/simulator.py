@@ -194,7 +194,7 @@ class _Lease:
         self.holder, self._since = job, self._engine.now
         granted(handoff)
 
-    def release(self) -> None:
+    def yield_device(self) -> None:
         self.holds.append((self._since, self._engine.now, self.holder))
         self._last, self.holder = self.holder, None
         if self._queue:
@@ -242,7 +242,7 @@ class _JobRun:
 
     def _computed(self, host: int) -> None:
         if self.job.policy == "crossover":
-            self.leases[host].release()
+            self.leases[host].yield_device()
         self._pending -= 1
         if self._pending == 0:
             p = self.job.profile
@@ -256,7 +256,7 @@ class _JobRun:
     def _step_done(self) -> None:
         if self.job.policy == "sequential":
             for host in sorted(self.job.hosts):
-                self.leases[host].release()
+                self.leases[host].yield_device()
         self.begin_step()
 
 

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Union
 from crossover_tf_planner import registry
 from crossover_tf_planner.analytical import fifo_round_s, naive_round_s, predict_pair, recommend
 from crossover_tf_planner.comm_cost import CommCpu, LinkContention
-from crossover_tf_planner.comparison import Comparison, Regime, Trial
+from crossover_tf_planner.compare_record import Comparison, Regime, Trial
 from crossover_tf_planner.device_models import limitation_of
 from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.policies import MEASURED, VALIDATED

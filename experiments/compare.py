@@ -44,7 +44,7 @@ from typing import Any, Mapping
 
 from absl import app, flags, logging
 
-from crossover_tf_planner.comparison import Comparison, Regime
+from crossover_tf_planner.compare_record import Comparison, Regime
 from experiments import config as config_lib
 from experiments.comparison import calibrate
 from experiments.comparison.run import compare_at, run_sweep

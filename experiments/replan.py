@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from absl import app, flags
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import Comparison, Regime
+from crossover_tf_planner.compare_record import Comparison, Regime
 from experiments import config as config_lib
 from experiments.analysis import planning, report, sweep
 

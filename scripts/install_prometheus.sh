@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs Debian's Prometheus server (package `prometheus`: /usr/bin/prometheus and promtool)
 # with apt, for the tests that scrape the lease exporter with a real Prometheus
-# (tests/test_prometheus_server.py; fixture tests/prometheus_server.py) and for
-# tests/test_exporter_deploy.py's `promtool check rules` of the Grafana dashboard's queries.
+# (tests/system/test_prometheus_server.py; fixture tests/support/prometheus_server.py) and for
+# tests/unit/test_exporter_deploy.py's `promtool check rules` of the Grafana dashboard's queries.
 # scripts/test.sh calls it before pytest; CI runs it as root on a fresh machine.
 #
 # Idempotent and cached: does nothing when `prometheus` is already on PATH.

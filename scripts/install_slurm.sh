@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Debian's Slurm (slurm-wlm: slurmctld, slurmd, sbatch/srun) and munge with apt, for the
-# real one-node Slurm tests (tests/test_deploy_slurm.py; fixture tests/slurm_cluster.py).
+# real one-node Slurm tests (tests/system/test_deploy_slurm.py; fixture tests/support/slurm_cluster.py).
 # scripts/test.sh calls it before pytest; CI runs it as root on a fresh machine.
 #
 # Idempotent and cached: does nothing when slurmctld, slurmd, sbatch and munged are already there.

@@ -18,8 +18,8 @@ if [ "${CROSSOVER_BAZEL_CHECK:-1}" = 0 ]; then
 else
   bash "$ROOT/scripts/bazel_check.sh"
 fi
-bash "$ROOT/scripts/install_slurm.sh"  # apt slurm-wlm + munge for tests/test_deploy_slurm.py, or SKIPPED
-bash "$ROOT/scripts/install_prometheus.sh"  # apt prometheus + promtool for tests/prometheus_server.py, or SKIPPED
+bash "$ROOT/scripts/install_slurm.sh"  # apt slurm-wlm + munge for tests/system/test_deploy_slurm.py, or SKIPPED
+bash "$ROOT/scripts/install_prometheus.sh"  # apt prometheus + promtool for tests/support/prometheus_server.py, or SKIPPED
 set +e
 "$VENV/bin/python" -m pytest "$@"
 rc=$?

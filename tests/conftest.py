@@ -1,4 +1,11 @@
-"""Shared pytest fixtures: quiet TensorFlow logs, repo root on sys.path, unique lease groups."""
+"""Shared pytest fixtures: quiet TensorFlow logs, repo root on sys.path, unique lease groups.
+
+The tests are in folders by tier, each file in the tier of the heaviest thing it needs
+(tests/README.md): unit/ (one process), multiprocess/ (horovodrun or lease contenders on
+localhost), system/ (root, network namespaces, Slurm, Prometheus, wheel builds, the documented
+commands), gpu/ (an NVIDIA GPU for its real checks). support/ holds their shared helpers (on
+sys.path here), workers/ the scripts the multi-process tests launch, data/ saved records.
+"""
 from __future__ import annotations
 
 import functools
@@ -13,9 +20,13 @@ import uuid
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+TESTS = pathlib.Path(__file__).resolve().parent
+REPO_ROOT = TESTS.parent
+WORKERS = TESTS / "workers"
+DATA = TESTS / "data"
+for _path in (REPO_ROOT, TESTS / "support"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 @functools.lru_cache(maxsize=None)

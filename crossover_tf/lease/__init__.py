@@ -25,7 +25,8 @@ _EXPORTS = {name: module for module, names in _MODULES.items() for name in names
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 # The stable API. The validators, limits and the loader above are importable here too, but
 # belong to their modules, where they may change. (Renamed in issue 36, with no alias:
-# TurnStats -> LinkTurnStats, validate_turn* -> validate_link_turn*.)
+# TurnStats -> LinkTurnStats, validate_turn* -> validate_link_turn*, DeviceLease.release ->
+# DeviceLease.yield_device: "yield" is the mid-step hand-back, "leave" is for good.)
 __all__ = ["DeviceLease", "GroupIncomplete", "LeaseDirError", "LeaseSnapshot", "LeaseStats",
            "LinkTurn", "LinkTurnStats", "Member", "TAG_APPLY", "TAG_COMPUTE", "TAG_OTHER",
            "Waiter", "resolve_lease_dir"]

@@ -94,8 +94,8 @@ _DECODE = {"int": int, "float": float, "bool": bool}
 class DeviceLease:
     """One (group, device) lease as seen by this process; the methods build or run TF ops.
 
-    acquire/release take a nest of tensors and return it unchanged, so that they can be
-    threaded through a graph: `grads = lease.release(grads)` runs after grads exist.
+    acquire/yield_device take a nest of tensors and return it unchanged, so that they can be
+    threaded through a graph: `grads = lease.yield_device(grads)` runs after grads exist.
 
     lease_dir: where the segment file lives (segments.resolve_lease_dir: None is
     $CROSSOVER_LEASE_DIR, else /dev/shm). shared_group: jobs of several users share it (the
@@ -153,7 +153,7 @@ class DeviceLease:
                             timeout_seconds=self.timeout_s, tag=tag,
                             priority=PRIORITIES[self.priority])
 
-    def release(self, tensors: Any = (), reserve_s: float = 0.0) -> Any:
+    def yield_device(self, tensors: Any = (), reserve_s: float = 0.0) -> Any:
         """Yields the device. reserve_s > 0 keeps lower priority classes out for that long
         (a primary at the end of its step: a secondary must not start work it would then be
         waited for); the reserver itself comes straight back."""

@@ -34,7 +34,7 @@ import numpy as np
 from crossover_tf.lease.device_lease import (DeviceLease, decode_named_values, pass_through,
                                              validate_timeout)
 from crossover_tf.lease.loader import load_library
-from crossover_tf.nest_util import map_present
+from crossover_tf._nest import map_present
 
 MAX_LINK_TURN_JOBS = 8  # the C++ core's kMaxLinkTurnJobs (fewer than a group may have)
 UNCONSTRAINED = 1 << 62  # the C++ core's kLinkTurnUnconstrained: nobody else turns here
@@ -78,7 +78,7 @@ class LinkTurn:
     """This process's place in its group's allreduce order on one device's host.
 
     wait(tensors) goes between the gradients and their allreduce, done(tensors) after it; both
-    pass their tensors through, like the lease's acquire and release. agree maps this rank's
+    pass their tensors through, like the lease's acquire and yield_device. agree maps this rank's
     proposed offset to the job's common one (a min over the job's ranks); barrier returns once
     every rank of the job has called it (both collectives; with one rank, nothing to wait for).
     """

@@ -33,10 +33,10 @@ MAX_SEGMENTS = 1000  # bound on how many segments one cleanup or status touches
 
 # statfs f_type values the lease knows, and whether each keeps shared mappings, futexes and file
 # locks coherent among one host's processes: the C++ core's table (kFileSystems in
-# ops/core/lease_dir.cc; tests/test_lease_trust.py checks they agree). Only the local ones are
-# accepted, an allowlist: a lease on a network or cluster file system would silently exclude
-# nobody on another host, and on FUSE its locks depend on the daemon. The others are listed to
-# name them in the refusal.
+# ops/core/lease_dir.cc; tests/multiprocess/test_lease_trust.py checks they agree). Only the
+# local ones are accepted, an allowlist: a lease on a network or cluster file system would
+# silently exclude nobody on another host, and on FUSE its locks depend on the daemon. The
+# others are listed to name them in the refusal.
 FILE_SYSTEMS = {
     0x01021994: ("tmpfs", True), 0x858458F6: ("ramfs", True),
     0xEF53: ("ext2/ext3/ext4", True), 0x58465342: ("xfs", True), 0x9123683E: ("btrfs", True),

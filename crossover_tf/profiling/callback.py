@@ -11,7 +11,7 @@ whether crossing two jobs pays, so a job must be able to produce one before it i
     model.fit(data, callbacks=[*strategy.callbacks(), profile])
 
 It reuses what a job already records: StepTimer's step wall and CPU times, and the lease timeline,
-which splits each step into compute (the forward/backward hold), communication (from that release to
+which splits each step into compute (the forward/backward hold), communication (from that yield to
 asking for the device again: the allreduce) and apply (the update's hold); profiling.job_record
 turns them into the JobStats record that train.py saves and
 crossover_tf_planner.profile.profile_from_train_stats into a profile (the same path compare.py's
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from crossover_tf import keras_hooks
+from crossover_tf._keras import hooks as keras_hooks
 from crossover_tf.profiling import job_record
 from crossover_tf.profiling.step_timer import StepTimer
 from crossover_tf_planner.profile import JobProfile, profile_from_train_stats

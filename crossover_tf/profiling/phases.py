@@ -20,7 +20,7 @@ def step_phases(events: np.ndarray | list) -> np.ndarray:
 
     A job in micro-batches (a secondary in priority mode) holds the device once per
     micro-batch before its one allreduce: its compute phase runs from the first micro-batch's
-    acquire to the last one's release (holds of a primary between them included), not just
+    acquire to the last one's yield (holds of a primary between them included), not just
     the last micro-batch."""
     events = np.asarray(events, dtype=np.int64).reshape(-1, 4)
     rows, first_acquired, last_released = [], None, None

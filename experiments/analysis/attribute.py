@@ -31,7 +31,7 @@ import numpy as np
 from absl import flags
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import Comparison
+from crossover_tf_planner.compare_record import Comparison
 from crossover_tf_planner.job_stats import LEASE_TAGS, JobStats
 from experiments import config as config_lib
 

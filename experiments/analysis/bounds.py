@@ -31,7 +31,7 @@ import dataclasses
 from absl import logging
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import Trial
+from crossover_tf_planner.compare_record import Trial
 
 
 @dataclasses.dataclass(frozen=True)

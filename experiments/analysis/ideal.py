@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from crossover_tf_planner.comm_cost import CommCpu
-from crossover_tf_planner.comparison import IdealRound, Regime, Trial
+from crossover_tf_planner.compare_record import IdealRound, Regime, Trial
 from crossover_tf_planner.job_stats import JobStats
 from crossover_tf_planner.validate import wire_megabytes
 

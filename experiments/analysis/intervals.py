@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import Interval, ScenarioResult, Trial
+from crossover_tf_planner.compare_record import Interval, ScenarioResult, Trial
 
 DRAWS = 2000
 SEED = 0

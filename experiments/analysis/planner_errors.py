@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import Comparison, Interval, Spread
+from crossover_tf_planner.compare_record import Comparison, Interval, Spread
 from experiments.comparison import trials
 
 METRIC = "aggregate_images_ratios"  # the planner's rows that the measured ratios divide alike

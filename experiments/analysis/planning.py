@@ -7,7 +7,7 @@ import dataclasses
 from absl import logging
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import Comparison, Regime, Trial
+from crossover_tf_planner.compare_record import Comparison, Regime, Trial
 
 
 def plan_trials(result: Comparison) -> Comparison:

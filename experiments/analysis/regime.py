@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from crossover_tf_planner.comparison import Comparison
+from crossover_tf_planner.compare_record import Comparison
 from experiments.comparison import trials as trials_lib
 
 TOLERANCE = 0.15  # a trial's M/C within +-15% of the asked-for M/C is in the regime

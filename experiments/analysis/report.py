@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import (Comparison, IdealRound, ScenarioResult, Spread,
+from crossover_tf_planner.compare_record import (Comparison, IdealRound, ScenarioResult, Spread,
                                              Trial)
 from crossover_tf_planner.job_stats import JobStats
 from experiments.analysis import attribute, intervals, planner_errors, planning

@@ -10,7 +10,7 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import Comparison
+from crossover_tf_planner.compare_record import Comparison
 from experiments.analysis import intervals, report
 from experiments.comparison import trials
 

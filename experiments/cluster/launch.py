@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
-from crossover_tf.devices import DEVICE_KEY_ENV
+from crossover_tf._setup.devices import DEVICE_KEY_ENV
 from experiments.cluster import exit_hooks
 from experiments.cluster.netns import EmulatedCluster, Host
 from experiments.cluster.rendezvous import BoundRendezvousServer

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from absl import logging
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import Comparison, Regime
+from crossover_tf_planner.compare_record import Comparison, Regime
 from crossover_tf_planner.job_stats import JobStats
 from experiments import config as config_lib
 from experiments.analysis import bounds, planning, report, sweep

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 from absl import logging
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import IdealRound, Regime, ScenarioResult, Trial
+from crossover_tf_planner.compare_record import IdealRound, Regime, ScenarioResult, Trial
 from crossover_tf_planner.job_stats import JobStats
 from experiments.analysis import ideal, throughput
 

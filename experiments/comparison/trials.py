@@ -14,7 +14,7 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 from crossover_tf_planner import registry
-from crossover_tf_planner.comparison import (Comparison, Interval, InvalidRun, OrderDesign,
+from crossover_tf_planner.compare_record import (Comparison, Interval, InvalidRun, OrderDesign,
                                              Spread, Trial)
 from crossover_tf_planner.validate import measured_winner
 from experiments.analysis import intervals, planning

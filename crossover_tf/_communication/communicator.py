@@ -1,0 +1,182 @@
+"""The runtime's one communication seam: what the strategy, the steps and the set-up ask of the
+job's ranks, whatever library moves the bytes.
+
+A Communicator has three primitives (a grouped allreduce, a broadcast, an object allgather)
+and the ranks' coordinates; everything else the runtime needs (averaging a step's gradients,
+broadcasting variables after checking every rank has the same ones, averaging metrics, a
+barrier, agreeing on a minimum, tf.distribute's reduce) is built on them here, once. Only a
+backend module implements the primitives (horovod.py: the only module of the runtime
+that imports Horovod), so a second backend is one new module, not edits across the steps.
+
+None of these may run while this process holds the device lease: the steps yield it first
+(train_step.CrossoverTrainStep, custom_loop.CrossoverGradientTape).
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from crossover_tf._nest import map_present
+
+_REDUCE_OPS = {"sum": False, "mean": True}  # reduce op name -> mean?
+
+# What averages a step's gradients over the job's ranks (the strategy's synchronize_gradients).
+Allreduce = Callable[[Sequence[Any]], list[Any]]
+
+
+class Communicator(abc.ABC):
+    """The job's ranks, as the runtime sees them (one process per replica)."""
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int:
+        """This process's rank in the job."""
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int:
+        """How many ranks (replicas) the job has."""
+
+    @property
+    @abc.abstractmethod
+    def local_rank(self) -> int:
+        """This process's rank among the job's ranks on its host."""
+
+    @property
+    @abc.abstractmethod
+    def local_size(self) -> int:
+        """How many of the job's ranks run on this host."""
+
+    @abc.abstractmethod
+    def allreduce(self, tensors: Sequence[tf.Tensor], *, mean: bool, name: str,
+                  device: str | None = None, compress: bool = False) -> list[tf.Tensor]:
+        """Sums (or averages) each tensor over the ranks, all in one grouped collective.
+        device places the collective (None: next to the tensors); compress applies the
+        backend's gradient compression, if it has one."""
+
+    @abc.abstractmethod
+    def broadcast(self, tensor: tf.Tensor, root_rank: int, name: str) -> tf.Tensor:
+        """root_rank's tensor, on every rank."""
+
+    @abc.abstractmethod
+    def allgather_object(self, obj: Any, name: str) -> list[Any]:
+        """Every rank's picklable obj, in rank order."""
+
+    # ----- built on the primitives, the same for every backend --------------------------------
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's obj, in rank order; no collective when the job has one rank."""
+        return self.allgather_object(obj, "crossover_config_check") if self.size > 1 else [obj]
+
+    def agree_on_min(self, value: int) -> int:
+        """The smallest of every rank's value (the job's ranks agree on it)."""
+        return min(self.gather(value))
+
+    def barrier(self) -> None:
+        """Returns once every rank of the job has called it (a tiny allgather)."""
+        if self.size > 1:
+            self.allgather_object(None, "crossover_barrier")
+
+    def allreduce_gradients(self, grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
+                            device: str | None = None) -> list[tf.Tensor | None]:
+        """Averages gradients over the ranks in one grouped (fused) allreduce, compressed as
+        the backend is set to; None stays None. Sparse gradients are densified: a grouped
+        allreduce needs dense tensors, and for the models this project targets the dense path
+        is what Horovod's sparse_as_dense would pick."""
+        def reduce_all(present: list[Any]) -> list[tf.Tensor]:
+            dense = [tf.convert_to_tensor(g) for g in present]
+            if not dense:
+                return []
+            return self.allreduce(dense, mean=True, name="crossover_grads", device=device,
+                                  compress=True)
+
+        return map_present(reduce_all, grads)
+
+    def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
+        """Overwrites variables with root_rank's values (initial weights, optimizer state),
+        after checking that every rank passes the same list (count, shapes, dtypes): a
+        mismatch would otherwise hang in, or fail deep inside, the backend's broadcast."""
+        variables = list(variables)
+        self.check_same_variables(variables, root_rank)
+        if not variables:
+            return
+
+        @tf.function
+        def broadcast_all() -> None:
+            for i, v in enumerate(variables):
+                v.assign(self.broadcast(tf.convert_to_tensor(v), root_rank,
+                                        f"crossover_bcast_{i}"))
+
+        broadcast_all()
+
+    def check_same_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
+        """Raises ValueError on every rank, naming the first variable where a rank's list
+        differs from root_rank's (names may differ across ranks; shapes and dtypes may not)."""
+        mine = [(_variable_name(v), tuple(v.shape), str(v.dtype)) for v in variables]
+        everyone = self.allgather_object(mine, "crossover_variables_check")
+        root = everyone[root_rank]
+        for rank, theirs in enumerate(everyone):
+            for i in range(max(len(root), len(theirs))):
+                a = root[i] if i < len(root) else None
+                b = theirs[i] if i < len(theirs) else None
+                if a is None or b is None or a[1:] != b[1:]:
+                    raise ValueError(
+                        f"crossover_tf: cannot broadcast rank {root_rank}'s state: rank {rank} "
+                        f"has {len(theirs)} variables, rank {root_rank} has {len(root)}; first "
+                        f"mismatch at variable {i}: rank {root_rank} {_describe(a)}, rank "
+                        f"{rank} {_describe(b)}. Build the same model and optimizer on every "
+                        "rank.")
+
+    def average_scalars(self, values: dict[str, float]) -> dict[str, float]:
+        """Averages a dict of scalars (e.g. Keras logs) over the ranks, in a stable key order;
+        other values pass through."""
+        keys = sorted(k for k, v in values.items() if _is_scalar(v))
+        if not keys:
+            return dict(values)
+        stacked = tf.constant([float(values[k]) for k in keys], tf.float64)
+        (averaged,) = self.allreduce([stacked], mean=True, name="crossover_metric_average")
+        return {**values, **{k: float(a) for k, a in zip(keys, averaged.numpy())}}
+
+    def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
+        """tf.distribute's reduce: over the ranks, and first along axis locally."""
+        mean = reduce_is_mean(reduce_op)
+
+        def reduce_one(t: Any) -> tf.Tensor:
+            t = tf.convert_to_tensor(t)
+            if axis is not None:
+                if not mean:
+                    t = tf.reduce_sum(t, axis=axis)
+                else:
+                    # Mean over all ranks' elements: sum locally, divide by the global count.
+                    total, count = self.allreduce(
+                        [tf.reduce_sum(t, axis=axis), tf.cast(tf.shape(t)[axis], t.dtype)],
+                        mean=False, name="crossover_reduce")
+                    return total / count
+            return self.allreduce([t], mean=mean, name="crossover_reduce")[0]
+
+        return tf.nest.map_structure(reduce_one, value)
+
+
+def reduce_is_mean(reduce_op: Any) -> bool:
+    """tf.distribute.ReduceOp or 'sum'/'mean' as mean? (True) or sum (False); anything else is
+    a ValueError."""
+    key = str(getattr(reduce_op, "value", reduce_op)).lower()
+    if key not in _REDUCE_OPS:
+        raise ValueError(f"unsupported reduce op {reduce_op!r}; use tf.distribute.ReduceOp.SUM "
+                         "or MEAN (or 'sum' / 'mean')")
+    return _REDUCE_OPS[key]
+
+
+def _variable_name(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or variable.name)
+
+
+def _describe(entry: tuple[str, tuple, str] | None) -> str:
+    return "(none)" if entry is None else f"{entry[0]} shape={entry[1]} dtype={entry[2]}"
+
+
+def _is_scalar(value: Any) -> bool:
+    array = np.asarray(value)
+    return array.ndim == 0 and np.issubdtype(array.dtype, np.number)

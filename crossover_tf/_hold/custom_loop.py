@@ -1,0 +1,203 @@
+"""Crossing for custom training loops: a device hold and a gradient tape, as in Horovod.
+
+A plain Horovod loop wraps its tape in `hvd.DistributedGradientTape`. A crossed loop puts
+its step inside `strategy.hold_device()` and wraps its tape in `strategy.gradient_tape(tape)`:
+
+    with strategy.hold_device():                   # acquire ... yield at the end
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = strategy.gradient_tape(tape)        # gradient(): yield, allreduce, acquire
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+which runs `acquire -> compute -> yield -> allreduce -> acquire -> apply -> yield`, the same
+protocol as the Keras train step (train_step.py). In a tf.function the order is made explicit,
+not left to data flow: every op written inside the hold starts after its acquire, the mid-step
+yield waits for every op written before gradient() (a metric update the gradients do not need
+included), everything after gradient() waits for the re-acquire, and the closing yield waits
+for every op written inside. Eagerly, program order is the order.
+
+The contract is checked where it can be. gradient() outside a hold is an error (a yield of a
+device not held would let the loop compute unheld). In a tf.function, a Horovod collective
+written inside the hold other than the tape's own allreduce (hvd.DistributedGradientTape,
+strategy.reduce, a sync-BatchNorm layer) is an error when the hold closes: the job would
+hold the device while waiting on the network. Collectives inside nested tf.functions and
+tf.cond / tf.while_loop bodies are found too; run eagerly, nothing can be seen: keep
+collectives out of the hold.
+
+XLA: the lease ops and Horovod's collectives have no XLA kernels, so the loop's own
+tf.function stays jit_compile=False; compile its device parts with nested
+tf.function(jit_compile=True) calls inside the hold (as the Keras step does).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import tensorflow as tf
+
+from crossover_tf import lease as lease_lib
+from crossover_tf._communication.communicator import Allreduce
+from crossover_tf.lease.link_turn import allreduce_in_turn
+from crossover_tf._nest import map_present
+
+# Horovod's TensorFlow ops that wait on other ranks (mpi_ops.py); HorovodSize and the like
+# only read local state.
+COLLECTIVE_OPS = frozenset({
+    "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+    "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodBroadcastInplace",
+    "HorovodBroadcastInplaceResource", "HorovodAlltoall", "HorovodReducescatter",
+    "HorovodGroupedReducescatter", "HorovodJoin"})
+
+_local = threading.local()  # the holds open in this thread (a tf.function traces in one)
+
+
+def _open_holds() -> list["DeviceHold"]:
+    if not hasattr(_local, "holds"):
+        _local.holds = []
+    return _local.holds
+
+
+class DeviceHold:
+    """`with strategy.hold_device():` holds this job's device lease for the code inside.
+
+    Without a lease (no crossover group) it does nothing, so one loop serves both. Not
+    reentrant: one hold per step.
+    """
+
+    def __init__(self, lease: lease_lib.DeviceLease | None, reserve_s: float = 0.0):
+        self.lease = lease
+        self.reserve_s = reserve_s
+        self._graph: Any = None
+        self._first = 0                  # index of the hold's first op in the graph
+        self._controls: list[Any] = []   # control-dependency contexts this hold entered
+        self._exempt: set[str] = set()   # the ops of the tape's own allreduces
+        self._mark = 0                   # first op after the latest mid-step yield
+
+    def __enter__(self) -> "DeviceHold":
+        if any(hold.lease is not None for hold in _open_holds()):
+            raise RuntimeError("crossover_tf: strategy.hold_device() is already open in this "
+                               "step; a step holds the device once")
+        _open_holds().append(self)
+        if self.lease is None:
+            return self
+        token = self.lease.acquire(tf.constant(0), tag=lease_lib.TAG_COMPUTE)
+        if not tf.executing_eagerly():
+            self._graph = tf.compat.v1.get_default_graph()
+            self._first = len(self._graph.get_operations())
+            self._enter_control(token)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        _open_holds().remove(self)
+        if self.lease is None:
+            return
+        if self._graph is None:  # eager: the ops ran in program order; give the device back
+            self.lease.yield_device(tf.constant(0), reserve_s=self.reserve_s)
+            return
+        while self._controls:
+            self._controls.pop().__exit__(None, None, None)
+        if exc_type is not None:
+            return  # the trace fails anyway
+        written = self._written()
+        self._refuse_collectives(written)
+        with tf.control_dependencies(written):
+            self.lease.yield_device(tf.constant(0), reserve_s=self.reserve_s)
+
+    def yield_for(self, tensors: list[Any]) -> list[Any]:
+        """Passes gradients through a yield that waits for everything written so far."""
+        if self.lease is None:
+            return tensors
+        if self._graph is None:
+            return map_present(self.lease.yield_device, tensors)
+        with tf.control_dependencies(self._written()):
+            tensors = map_present(self.lease.yield_device, tensors)
+        self._mark = len(self._graph.get_operations())
+        return tensors
+
+    def acquire_after(self, tensors: list[Any]) -> list[Any]:
+        """Passes the reduced gradients through the re-acquire; what follows waits for it."""
+        if self.lease is None:
+            return tensors
+        if self._graph is not None:  # the ops since the yield are the tape's own allreduce
+            self._exempt.update(op.name for op in self._graph.get_operations()[self._mark:])
+        tensors = map_present(lambda ts: self.lease.acquire(ts, tag=lease_lib.TAG_APPLY),
+                              tensors)
+        if self._graph is None:
+            return tensors
+        present = [t for t in tensors if t is not None]
+        if present:
+            self._enter_control(present[0])
+        return tensors
+
+    def _enter_control(self, tensor: Any) -> None:
+        """Every op written from here until the hold closes waits for `tensor`'s op."""
+        control = self._graph.control_dependencies([tensor])
+        control.__enter__()
+        self._controls.append(control)
+
+    def _written(self) -> list[Any]:
+        return self._graph.get_operations()[self._first:]
+
+    def _refuse_collectives(self, written: list[Any]) -> None:
+        library = {f.signature.name: f
+                   for f in self._graph.as_graph_def().library.function}
+        inside = [f"{found} {op.name!r}" for op in written if op.name not in self._exempt
+                  for found in _collectives(op.type, op.node_def.attr, library, set())]
+        if inside:
+            raise ValueError(
+                f"crossover_tf: Horovod collective(s) {', '.join(inside)} inside "
+                "strategy.hold_device(): the job would hold the device while it waits on the "
+                "network, and the peer job could not compute. Use "
+                "strategy.gradient_tape(tape) instead of hvd.DistributedGradientTape, and run "
+                "other collectives (strategy.reduce, metrics) outside the hold.")
+
+
+class CrossoverGradientTape:
+    """strategy.gradient_tape(tape): like hvd.DistributedGradientTape, its gradient() averages
+    the gradients over the job's ranks, with the device yielded for the allreduce (and the
+    link turn taken around it, when the job has one). Other attributes are the tape's."""
+
+    def __init__(self, tape: tf.GradientTape, allreduce: Allreduce, needs_hold: bool,
+                 turn: lease_lib.LinkTurn | None = None):
+        self._tape = tape
+        self._allreduce = allreduce
+        self._needs_hold = needs_hold
+        self._turn = turn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tape, name)
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        holds = _open_holds()
+        if self._needs_hold and not holds:
+            raise RuntimeError(
+                "crossover_tf: strategy.gradient_tape(...).gradient() runs outside "
+                "strategy.hold_device(); put the step (forward, gradient, apply) inside "
+                "`with strategy.hold_device():` so its compute holds the device and the "
+                "allreduce does not")
+        grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
+        flat = [None if g is None else tf.convert_to_tensor(g) for g in tf.nest.flatten(grads)]
+        hold = holds[-1] if holds else None
+        if hold is not None:
+            flat = hold.yield_for(flat)
+        flat = allreduce_in_turn(self._allreduce, self._turn, flat)
+        if hold is not None:
+            flat = hold.acquire_after(flat)
+        return tf.nest.pack_sequence_as(grads, flat)
+
+
+def _collectives(op_type: str, attrs: Any, library: dict[str, Any], seen: set[str]
+                 ) -> list[str]:
+    """The collective op types an op runs: itself, or inside the functions it calls (a nested
+    tf.function, as Horovod's tape writes its allreduce; a tf.cond or tf.while_loop body)."""
+    found = [op_type] if op_type in COLLECTIVE_OPS else []
+    for value in attrs.values():
+        name = value.func.name
+        if not name or name in seen or name not in library:
+            continue
+        seen.add(name)
+        for node in library[name].node_def:
+            found += _collectives(node.op, node.attr, library, seen)
+    return found

@@ -1,0 +1,181 @@
+"""CrossoverStrategy end to end: real Horovod processes (horovodrun --gloo on localhost)."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import WORKERS, horovodrun_command, run_alongside, run_bounded
+from crossover_tf.profiling import phases as timeline
+from step_crossings import overlap_steps
+
+WORKER = str(WORKERS / "strategy_worker.py")
+STEPS = 30
+
+
+def _load(tmp_path: pathlib.Path, prefix: str, ranks: int) -> list[dict]:
+    return [json.loads((tmp_path / f"{prefix}_{r}.json").read_text()) for r in range(ranks)]
+
+
+def _check(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stdout[-6000:]
+
+
+def assert_trains_like_reference(ranks: list[dict], reference: dict) -> None:
+    """A job's ranks end with identical weights, and train like one process on the global
+    batch: Keras logs each rank's running mean loss, whose average is the global one."""
+    mean_loss = np.mean([r["losses"] for r in ranks], axis=0)
+    np.testing.assert_allclose(mean_loss, reference["losses"], rtol=1e-4, atol=1e-6)
+    for w_rank0, w_rank1, w_ref in zip(ranks[0]["weights"], ranks[1]["weights"],
+                                       reference["weights"]):
+        np.testing.assert_array_equal(w_rank0, w_rank1)
+        np.testing.assert_allclose(w_rank0, w_ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group, child_env):
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    crossed_args = ["--steps", str(STEPS), "--barrier", f"{barrier}:4",  # 2 jobs x 2 ranks
+                    "--jobs", "2"]
+    common = ["--steps", str(STEPS)]
+    for result in run_alongside(
+            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                               "--group", lease_group, "--save", str(tmp_path), *crossed_args),
+            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
+                               "--group", lease_group, *crossed_args), child_env, timeout=240):
+        _check(result)
+    _check(run_bounded(horovodrun_command(
+        2, sys.executable, WORKER, str(tmp_path / "solo_RANK.json"), *common), child_env, 240))
+    _check(run_bounded([sys.executable, WORKER, str(tmp_path / "ref_RANK.json"), "--reference",
+                        *common], child_env, 240))
+
+    crossed_a, crossed_b = _load(tmp_path, "a", 2), _load(tmp_path, "b", 2)
+    solo, (reference,) = _load(tmp_path, "solo", 2), _load(tmp_path, "ref", 1)
+    for crossed, plain in zip(crossed_a, solo):
+        assert len(crossed["losses"]) == STEPS
+        np.testing.assert_allclose(crossed["losses"], plain["losses"], rtol=1e-6, atol=1e-7)
+        for w_crossed, w_plain in zip(crossed["weights"], plain["weights"]):
+            np.testing.assert_allclose(w_crossed, w_plain, rtol=1e-6, atol=1e-7)
+    assert_trains_like_reference(crossed_a, reference)
+    assert reference["losses"][-1] < reference["losses"][0]
+
+    for rank in range(2):
+        a_stats, b_stats = crossed_a[rank]["lease_stats"], crossed_b[rank]["lease_stats"]
+        assert a_stats["acquires"] == 2 * STEPS and b_stats["acquires"] == 2 * STEPS
+        assert a_stats["handoffs"] + b_stats["handoffs"] > 0, (a_stats, b_stats)
+        assert not a_stats["held"] and not b_stats["held"]
+    overlaps = 0
+    for rank in range(2):   # rank r of A and rank r of B share device cpu<r>
+        a_steps = timeline.step_phases(crossed_a[rank]["timeline"])
+        b_steps = timeline.step_phases(crossed_b[rank]["timeline"])
+        assert len(a_steps) == len(b_steps) == STEPS
+        overlaps += overlap_steps(a_steps, b_steps) + overlap_steps(b_steps, a_steps)
+    print(f"steps computed during the peer's allreduce: {overlaps} of {4 * STEPS}")
+    assert overlaps >= 3, f"only {overlaps} steps computed during the peer's allreduce"
+
+    # evaluate/predict work after crossed training; only rank 0 saved the model.
+    for r in crossed_a:
+        assert np.isfinite(r["evaluate"]["loss"]) and r["predict_shape"] == [3, 4]
+    assert sorted(p.name for p in tmp_path.glob("*.keras")) == ["model.keras"]
+    import keras
+    restored = keras.models.load_model(tmp_path / "model.keras")
+    for w_saved, w_trained in zip(restored.get_weights(), crossed_a[0]["weights"]):
+        np.testing.assert_allclose(w_saved, w_trained)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_xla_compiles_compute_and_apply_but_not_collectives(tmp_path, lease_group, child_env):
+    """XLA's own dump lists what it compiled: the compute and apply functions, never the outer
+    step that holds Horovod's allreduce and the lease ops. Also the no-peer path."""
+    dump = tmp_path / "xla_dump"
+    env = {**child_env, "XLA_FLAGS": f"--xla_dump_to={dump}"}
+    _check(run_bounded([sys.executable, WORKER, str(tmp_path / "x_RANK.json"), "--group",
+                        lease_group, "--steps", "5", "--fit_only"], env, timeout=180))
+    modules = {p.name.split(".")[1] for p in dump.glob("*before_optimizations.txt")}
+    assert any("crossover_compute_gradients" in m for m in modules), modules
+    assert any("crossover_apply_gradients" in m for m in modules), modules
+    assert not any("one_step_on_data" in m or "multi_step" in m for m in modules), modules
+    (result,) = _load(tmp_path, "x", 1)
+    assert result["jit_compile"] is True
+    stats = result["lease_stats"]   # alone on the device: never waits behind anyone
+    assert stats["acquires"] == 10 and stats["handoffs"] == 0 and stats["contended"] == 0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_model_xla_cannot_compile_fails_clearly(tmp_path, lease_group, child_env):
+    result = run_bounded([sys.executable, WORKER, str(tmp_path / "bad_RANK.json"), "--group",
+                          lease_group, "--steps", "3", "--bad_xla"], child_env, timeout=180)
+    assert result.returncode != 0
+    assert "XLA could not compile the model's training computation" in result.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_mismatched_groups_between_ranks_fail_clearly(tmp_path, lease_group, child_env):
+    result = run_bounded(horovodrun_command(
+        2, sys.executable, WORKER, str(tmp_path / "m_RANK.json"), "--group", lease_group,
+        "--group_per_rank"), child_env, timeout=180)
+    assert result.returncode != 0
+    assert "ranks of one job must use the same crossover group" in result.stdout
+
+
+def test_uninitialised_horovod_is_a_clear_error():
+    import horovod.tensorflow as hvd
+    import crossover_tf
+    if hvd.is_initialized():
+        hvd.shutdown()
+    with pytest.raises(RuntimeError, match="Horovod is not initialised"):
+        crossover_tf.CrossoverStrategy(
+            "g", communication=crossover_tf.CommunicationOptions(init_horovod=False))
+
+
+def test_single_process_surface():
+    """size-1 strategy: tf.distribute-style methods behave like OneDeviceStrategy."""
+    import tensorflow as tf
+    import crossover_tf
+    strategy = crossover_tf.CrossoverStrategy(group="")
+    assert strategy.num_replicas_in_sync == 1 and strategy.rank == 0
+    assert strategy.should_save_summary and strategy.should_checkpoint
+    assert not strategy.is_crossover and strategy.lease_stats() == {}
+    assert float(strategy.reduce("sum", tf.constant([1.0, 2.0]), axis=0)) == 3.0
+    assert float(strategy.reduce(tf.distribute.ReduceOp.MEAN, tf.constant([1.0, 3.0]),
+                                 axis=0)) == 2.0
+    assert strategy.run(lambda a, b: a + b, args=(2, 3)) == 5
+    with pytest.raises(ValueError, match="unsupported reduce op"):
+        strategy.reduce("max", tf.constant(1.0))
+    ds = tf.data.Dataset.range(8).batch(4)
+    assert [b.numpy().tolist() for b in strategy.distribute_dataset(ds)] == [[0, 1, 2, 3],
+                                                                            [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="group 'a b' is invalid"):
+        crossover_tf.CrossoverStrategy(group="a b")
+
+
+def test_step_statistics_marks_the_job_and_its_priority_in_tensorboard(tmp_path):
+    """N jobs side by side in TensorBoard: each run says which job it is and its priority."""
+    import types
+
+    import tensorflow as tf
+
+    from experiments.step_statistics import StepStatistics
+    strategy = types.SimpleNamespace(should_save_summary=True, lease_stats=lambda: {})
+    stats = StepStatistics(strategy, 8, str(tmp_path),
+                           description={"job": "B", "priority": "secondary"})
+    stats.on_train_begin()
+    stats.on_train_batch_begin(0)
+    stats.on_train_batch_end(0, {"loss": 1.0})
+    stats.on_train_end()
+    texts = {}
+    for path in tmp_path.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == "job":
+                    texts[value.tag] = tf.make_ndarray(value.tensor).item().decode()
+    assert "| priority | secondary |" in texts["job"] and "| job | B |" in texts["job"]

@@ -1,0 +1,176 @@
+"""The pip path end to end: a wheel built from a copy of the tree carries the op library, and a
+fresh virtual environment that installs only that wheel (no `make`, no source tree) trains a
+crossed pair of jobs from a directory outside the repository.
+
+Slow (a wheel build compiles the op, about a minute, and the fresh environment installs
+TensorFlow): one wheel and one environment serve the whole session.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from conftest import REPO_ROOT, WORKERS
+
+USER_SCRIPT = WORKERS / "wheel_user_train.py"
+BUILD_TIMEOUT_S = 900       # compiling the op takes ~1 min on 2 idle cores
+INSTALL_TIMEOUT_S = 1200    # TensorFlow and the other dependencies into an empty environment
+PAIR_TIMEOUT_S = 300
+STEPS = 30
+NAMESPACED = ("crossover_tf/", "crossover_tf_planner/", "crossover_tf-")
+
+
+def run_checked(cmd: list[str], timeout: float, **kwargs) -> str:
+    """Runs cmd to completion within timeout; fails the test with its output otherwise."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{err.stdout}\n{err.stderr}")
+    if done.returncode != 0:
+        pytest.fail(f"failed ({done.returncode}): {' '.join(cmd)}\n"
+                    f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def copy_checkout(dst: pathlib.Path) -> None:
+    """What a fresh clone would hold (tracked and new unignored files): no build outputs."""
+    listing = run_checked(["git", "ls-files", "-co", "--exclude-standard", "-z"], 60,
+                          cwd=REPO_ROOT)
+    for name in filter(None, listing.split("\0")):
+        source = REPO_ROOT / name
+        if source.is_file():       # a tracked file someone has just deleted is skipped
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dst / name)
+
+
+def pin(name: str) -> str:
+    """The project's pinned requirement for name (scripts/pins.py reads setup.cfg)."""
+    return run_checked([sys.executable, str(REPO_ROOT / "scripts" / "pins.py"), name],
+                       60).strip()
+
+
+def tensorflow_distribution() -> str:
+    """tensorflow-cpu or tensorflow: whichever this environment runs (install.sh's choice)."""
+    for name in ("tensorflow-cpu", "tensorflow"):
+        try:
+            importlib.metadata.version(name)
+            return name
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    pytest.fail("neither tensorflow-cpu nor tensorflow is installed here")
+
+
+def horovod_wheel_dir(tf_name: str) -> pathlib.Path:
+    """scripts/install.sh's cache of the Horovod wheel built against this TensorFlow."""
+    cache = os.environ.get("CROSSOVER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "crossover_tf")
+    hvd = pin("horovod").split("==")[1]
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    name = f"horovod-{hvd}-{tf_name}-{importlib.metadata.version(tf_name)}-{tag}"
+    path = pathlib.Path(cache, "wheels", name)
+    if not list(path.glob("horovod-*.whl")):
+        pytest.skip(f"no cached Horovod wheel in {path} (scripts/install.sh builds it there)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> pathlib.Path:
+    """`pip wheel` of a copy of the checkout, against this environment's TensorFlow."""
+    root = tmp_path_factory.mktemp("wheel")
+    copy_checkout(root / "src")
+    run_checked([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                 str(root / "src"), "-w", str(root / "dist")], BUILD_TIMEOUT_S)
+    (wheel,) = (root / "dist").glob("crossover_tf-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def fresh_venv(tmp_path_factory, built_wheel) -> pathlib.Path:
+    """A new, empty virtual environment (no system site-packages) with only the wheel, its
+    dependencies, the pinned TensorFlow and the cached Horovod wheel installed."""
+    tf_name = tensorflow_distribution()
+    hvd_dir = horovod_wheel_dir(tf_name)
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    run_checked([sys.executable, "-m", "venv", str(venv)], 300)
+    run_checked([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                 "--disable-pip-version-check", "--find-links", str(hvd_dir), str(built_wheel),
+                 pin(tf_name)], INSTALL_TIMEOUT_S)
+    return venv
+
+
+def user_env(venv: pathlib.Path) -> dict[str, str]:
+    """A user's shell with the fresh environment activated: nothing points into the repo."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "CROSSOVER_LEASE_OPS", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
+               PYTHONNOUSERSITE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
+def run_pair(commands: list[list[str]], env: dict[str, str], cwd: pathlib.Path,
+             timeout: float) -> list[tuple[int, str]]:
+    """Runs the commands at the same time, each in its own process group; all are killed
+    if any outlives timeout."""
+    procs = [subprocess.Popen(c, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for c in commands]
+    results = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"crossed pair timed out after {timeout} s")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    return results
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_op_and_only_namespaced_packages(built_wheel):
+    assert "-cp311-cp311-linux_" in built_wheel.name, built_wheel.name  # platform-specific
+    with zipfile.ZipFile(built_wheel) as wheel:
+        names = wheel.namelist()
+        assert "crossover_tf/lease/_lease_ops.so" in names
+        assert "crossover_tf/lease/_lease_observer.so" in names  # the exporter's reader
+        record = json.loads(wheel.read("crossover_tf/lease/_lease_ops.build.json"))
+    assert record == {"tensorflow": importlib.metadata.version(tensorflow_distribution())}
+    assert [n for n in names if not n.startswith(NAMESPACED)] == []
+    assert not [n for n in names if n.startswith(("experiments/", "models/", "tests/"))]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fresh_venv_trains_a_crossed_pair_outside_the_repo(fresh_venv, lease_group, tmp_path):
+    workdir = tmp_path / "user"           # outside the repository
+    workdir.mkdir()
+    assert REPO_ROOT not in workdir.resolve().parents
+    script = shutil.copy(USER_SCRIPT, workdir / "train.py")
+    barrier = workdir / "barrier"
+    barrier.mkdir()
+    python, horovodrun = fresh_venv / "bin" / "python", fresh_venv / "bin" / "horovodrun"
+    commands = [[str(horovodrun), "--gloo", "-np", "1", "-H", "localhost:1", str(python), script,
+                 str(workdir / f"{job}.json"), "--group", lease_group, "--steps", str(STEPS),
+                 "--barrier", f"{barrier}:2"] for job in ("a", "b")]
+    for rc, out in run_pair(commands, user_env(fresh_venv), workdir, PAIR_TIMEOUT_S):
+        assert rc == 0, out[-6000:]
+    a, b = (json.loads((workdir / f"{job}.json").read_text()) for job in ("a", "b"))
+    for job in (a, b):
+        assert pathlib.Path(job["crossover_tf"]).is_relative_to(fresh_venv), job["crossover_tf"]
+        assert not job["experiments_importable"] and not job["models_importable"]
+        stats = job["lease_stats"]
+        assert stats["acquires"] == 2 * STEPS and not stats["held"], stats   # compute + apply
+    print("lease stats:", a["lease_stats"], b["lease_stats"])
+    assert a["lease_stats"]["handoffs"] + b["lease_stats"]["handoffs"] > 0   # one shared lease

@@ -1,0 +1,169 @@
+"""The deployment recipes (deploy/) as files: they parse, and say and set what matters.
+
+Docker and Kubernetes cannot run on the test machine: their files are checked here as far as
+that allows (PyYAML, which Horovod requires, parses them), and
+tests/system/test_deploy_namespaces.py runs the sharing they set up. The Slurm scripts also run
+for real (tests/system/test_deploy_slurm.py); here they are syntax-checked with `bash -n`.
+"""
+from __future__ import annotations
+
+import pathlib
+import shlex
+import subprocess
+
+import pytest
+
+from conftest import REPO_ROOT
+
+yaml = pytest.importorskip("yaml", reason="PyYAML (a Horovod dependency) parses the recipes")
+
+DEPLOY = REPO_ROOT / "deploy"
+COMPOSE = DEPLOY / "docker" / "compose.yaml"
+K8S_DRA = DEPLOY / "kubernetes" / "pods-dra-shared-claim.yaml"
+K8S_TIME_SLICING = DEPLOY / "kubernetes" / "pods-time-slicing.yaml"
+SLURM_JOB = DEPLOY / "slurm" / "crossover_job.sbatch"
+SLURM_STEPS = DEPLOY / "slurm" / "crossover_steps.sbatch"
+RECIPES = [COMPOSE, K8S_DRA, K8S_TIME_SLICING, SLURM_JOB, SLURM_STEPS]
+PRIVATE_DIRS = ("/tmp", "/dev/shm")  # private per container / per job_container/tmpfs job
+
+
+def train_flags(command: list[str]) -> dict[str, str]:
+    """--name=value flags of an experiments.train command line."""
+    assert command[:3] == ["python", "-m", "experiments.train"], command
+    flags = {}
+    for arg in command[3:]:
+        assert arg.startswith("--") and "=" in arg, arg
+        name, _, value = arg[2:].partition("=")
+        flags[name] = value
+    return flags
+
+
+def check_pair(commands: list[list[str]]) -> None:
+    """Two jobs of one group, each declaring a group of two, with flags train.py has."""
+    from experiments import train
+    flags = [train_flags(c) for c in commands]
+    assert len(flags) == 2
+    for f in flags:
+        assert set(f) <= set(train.FLAG_NAMES), set(f) - set(train.FLAG_NAMES)
+        assert f.get("group_jobs") == "2", f
+        assert float(f.get("join_timeout_s", "0")) > 0, f
+    assert flags[0]["group"] == flags[1]["group"] != "", flags
+    assert flags[0]["job"] != flags[1]["job"], flags
+
+
+def outside_private_dirs(path: str) -> bool:
+    return not any(path == d or path.startswith(d + "/") for d in PRIVATE_DIRS)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_each_recipe_says_what_breaks_and_how_to_check(path: pathlib.Path) -> None:
+    head = path.read_text().split("\n\n")[0] if path.suffix != ".sbatch" else \
+        path.read_text().split("#SBATCH")[0]
+    assert "WHAT BREAKS WITHOUT" in head, path
+    assert "python -m crossover_tf.lease status" in head, path
+    if path.suffix == ".yaml":
+        assert "CANNOT RUN HERE" in head, path
+
+
+def test_compose_services_share_one_lease_volume_group_and_gpu() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    assert len(services) == 2, services
+    lease_dirs, mounts, gpus = set(), set(), set()
+    for name, service in services.items():
+        lease_dir = service["environment"]["CROSSOVER_LEASE_DIR"]
+        assert outside_private_dirs(lease_dir), (name, lease_dir)
+        lease_dirs.add(lease_dir)
+        volume = [v.split(":")[0] for v in service["volumes"] if v.split(":")[1] == lease_dir]
+        assert volume, f"{name}: nothing mounted at CROSSOVER_LEASE_DIR={lease_dir}"
+        mounts.add(volume[0])
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"], device
+        assert len(device["device_ids"]) == 1 and "count" not in device, device
+        gpus.add(tuple(device["device_ids"]))
+    assert len(lease_dirs) == len(mounts) == len(gpus) == 1, (lease_dirs, mounts, gpus)
+    (volume,) = mounts
+    assert volume in compose["volumes"], "the lease volume is a named volume both services use"
+    assert compose["volumes"][volume]["driver_opts"]["type"] == "tmpfs"  # local, not NFS
+    check_pair([s["command"] for s in services.values()])
+
+
+def _pods(path: pathlib.Path) -> tuple[list[dict], list[dict]]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return [d for d in docs if d["kind"] == "Pod"], [d for d in docs if d["kind"] != "Pod"]
+
+
+def _check_pods_share_lease_dir(pods: list[dict]) -> None:
+    assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+    host_paths, commands = set(), []
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        lease_dir = env["CROSSOVER_LEASE_DIR"]
+        assert outside_private_dirs(lease_dir), lease_dir
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == lease_dir]
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+        assert volume["hostPath"]["type"] == "DirectoryOrCreate", volume
+        host_paths.add(volume["hostPath"]["path"])
+        commands.append(container["command"])
+        assert not pod["spec"].get("hostIPC"), "the recipe shares a directory, not the IPC"
+    assert len(host_paths) == 1, host_paths
+    check_pair(commands)
+
+
+def test_kubernetes_dra_pods_share_one_claim_and_one_host_lease_dir() -> None:
+    pods, others = _pods(K8S_DRA)
+    _check_pods_share_lease_dir(pods)
+    (claim,) = [d for d in others if d["kind"] == "ResourceClaim"]
+    assert claim["apiVersion"].startswith("resource.k8s.io/"), claim["apiVersion"]
+    (request,) = claim["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com", request
+    assert request["exactly"].get("count", 1) == 1, request
+    for pod in pods:
+        (ref,) = pod["spec"]["resourceClaims"]
+        assert ref["resourceClaimName"] == claim["metadata"]["name"], ref  # not a template
+        (container,) = pod["spec"]["containers"]
+        assert [c["name"] for c in container["resources"]["claims"]] == [ref["name"]]
+
+
+def test_kubernetes_time_slicing_pods_pin_one_node_and_one_replica_each() -> None:
+    pods, others = _pods(K8S_TIME_SLICING)
+    _check_pods_share_lease_dir(pods)
+    (config_map,) = [d for d in others if d["kind"] == "ConfigMap"]
+    (plugin_config,) = config_map["data"].values()
+    (resource,) = yaml.safe_load(plugin_config)["sharing"]["timeSlicing"]["resources"]
+    assert resource["name"] == "nvidia.com/gpu" and resource["replicas"] >= 2, resource
+    nodes = {pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] for pod in pods}
+    assert len(nodes) == 1, nodes
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+@pytest.mark.parametrize("path", [SLURM_JOB, SLURM_STEPS], ids=lambda p: p.name)
+def test_slurm_scripts_parse_and_ask_for_memory(path: pathlib.Path) -> None:
+    checked = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True,
+                             timeout=30)
+    assert checked.returncode == 0, checked.stderr
+    directives = [line.split(None, 1)[1] for line in path.read_text().splitlines()
+                  if line.startswith("#SBATCH")]
+    # CR_CORE_MEMORY gives a job without --mem the node's whole memory: the peer would queue.
+    assert any(d.startswith("--mem=") for d in directives), directives
+    assert "--nodes=1" in directives, directives
+
+
+def test_slurm_job_script_defaults_to_a_lease_dir_outside_the_private_dirs() -> None:
+    text = SLURM_JOB.read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("export CROSSOVER_LEASE_DIR=")]
+    default = line.split(":-", 1)[1].rstrip("}")
+    assert outside_private_dirs(default), default
+    for private in PRIVATE_DIRS:  # and the script refuses them
+        assert f"{private}/*" in text
+
+
+def test_slurm_steps_script_starts_both_steps_with_overlap() -> None:
+    srun = [shlex.split(ln.strip().rstrip("&")) for ln in SLURM_STEPS.read_text().splitlines()
+            if ln.strip().startswith("srun ")]
+    assert len(srun) == 2, srun
+    assert all("--overlap" in s for s in srun), srun
+    assert {s[-1] for s in srun} == {"$CROSSOVER_COMMAND_A", "$CROSSOVER_COMMAND_B"}, srun

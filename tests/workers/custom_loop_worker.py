@@ -1,0 +1,157 @@
+"""A custom GradientTape loop, crossed (strategy.hold_device + strategy.gradient_tape) or as
+plain Horovod (hvd.DistributedGradientTape); writes what it saw as JSON.
+
+Run under `horovodrun --gloo` by tests/multiprocess/test_custom_loop.py; the two loops differ
+only in the crossing lines. With --misuse (one process) it tries the mistakes the API must
+refuse and records each error.
+
+  custom_loop_worker.py OUT [--group G] [--plain] [--steps N] [--barrier DIR:N] [--misuse]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import horovod.tensorflow as hvd  # noqa: E402
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from experiments.barrier import wait_at_barrier  # noqa: E402
+from strategy_worker import FEATURES, build_model, global_dataset  # noqa: E402
+
+
+def crossed_step(strategy, model, optimizer, loss_fn):
+    @tf.function
+    def step(x, y):
+        with strategy.hold_device():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            tape = strategy.gradient_tape(tape)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
+def plain_step(model, optimizer, loss_fn):
+    # hvd.DistributedGradientTape keys gradients by tf.Variable.ref(), which Keras 3 variables
+    # lack: a plain Horovod loop on Keras 3 averages the tape's gradients itself.
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = hvd.grouped_allreduce(tape.gradient(loss, model.trainable_variables),
+                                      op=hvd.Average)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
+def misuse(strategy, model, optimizer, loss_fn) -> tuple[dict[str, str], dict[str, float]]:
+    """Each mistake's error message (or "no error"), and the lease's statistics after them."""
+    x = tf.zeros((4, FEATURES))
+    y = tf.zeros((4,), tf.int32)
+
+    traced = []  # kept alive: the lease's statistics live as long as a kernel using it
+
+    def attempt(body) -> str:
+        traced.append(tf.function(body))
+        try:
+            traced[-1](x, y)
+        except (RuntimeError, ValueError) as err:
+            return str(err)
+        return "no error"
+
+    def forgot_hold(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return strategy.gradient_tape(tape).gradient(loss, model.trainable_variables)
+
+    def horovod_tape_in_hold(x, y):
+        with strategy.hold_device():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = hvd.DistributedGradientTape(tape).gradient(
+                loss, [v.value for v in model.trainable_variables])
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    def reduce_in_hold(x, y):
+        with strategy.hold_device():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = strategy.gradient_tape(tape).gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return strategy.reduce("MEAN", loss)  # a metric's collective, inside the hold
+
+    def xla_compute_in_hold(x, y):
+        forward = tf.function(lambda x: model(x, training=True), jit_compile=True)
+        with strategy.hold_device():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, forward(x))
+            grads = strategy.gradient_tape(tape).gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    errors = {"forgot_hold": attempt(forgot_hold),
+              "horovod_tape_in_hold": attempt(horovod_tape_in_hold),
+              "reduce_in_hold": attempt(reduce_in_hold),
+              "xla_compute_in_hold": attempt(xla_compute_in_hold)}
+    return errors, strategy.lease_stats()  # read while the traced functions live
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--group", default="")
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
+    parser.add_argument("--plain", action="store_true", help="plain Horovod, no strategy")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
+    parser.add_argument("--misuse", action="store_true")
+    args = parser.parse_args()
+
+    import crossover_tf
+    strategy = None if args.plain else crossover_tf.CrossoverStrategy(
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60))
+    if strategy is None:
+        hvd.init()
+    rank = hvd.rank()
+    keras.utils.set_random_seed(7 + rank)  # different init per rank: the broadcast fixes it
+    model = build_model(bad_xla=False)
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    variables = model.variables + optimizer.variables
+    if strategy is None:
+        # hvd.broadcast_variables assigns to tf.Variables, not Keras 3 ones: the same
+        # broadcast through the helper the strategy uses.
+        from crossover_tf._communication.horovod import HorovodCommunicator
+        HorovodCommunicator(init=False).broadcast_variables(variables, root_rank=0)
+        step = plain_step(model, optimizer, loss_fn)
+        data = global_dataset(args.steps).map(lambda x, y: (x[rank::hvd.size()],
+                                                            y[rank::hvd.size()]))
+    else:
+        strategy.broadcast_variables(variables)
+        step = crossed_step(strategy, model, optimizer, loss_fn)
+        data = strategy.distribute_dataset(global_dataset(args.steps))
+    result: dict = {"rank": rank}
+    if args.misuse:
+        result["misuse"], result["lease_stats"] = misuse(strategy, model, optimizer, loss_fn)
+    else:
+        losses = []
+        for i, (x, y) in enumerate(data):
+            losses.append(float(step(x, y)))
+            if i == 0 and args.barrier:  # line up after tracing, which differs per job
+                wait_at_barrier(args.barrier, f"{args.group}-{args.plain}-{rank}-{os.getpid()}")
+        result.update(losses=losses, weights=[w.tolist() for w in model.get_weights()])
+        if strategy is not None and strategy.extended.lease is not None:
+            result["lease_stats"] = strategy.lease_stats()
+            result["timeline"] = strategy.extended.lease.timeline().tolist()
+    with open(args.out.replace("RANK", str(rank)), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""One single-rank job for tests/multiprocess/test_priority.py: trains a small dense model with
+a given priority and micro-batching, and writes its losses, weights and lease timeline.
+
+  priority_worker.py OUT --group G --priority P --micro_batches N [--steps S] [--barrier D:C]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import crossover_tf  # noqa: E402
+from experiments.barrier import wait_at_barrier  # noqa: E402
+
+BATCH, FEATURES, CLASSES = 32, 16, 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--group", default="")
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
+    parser.add_argument("--priority", default="normal")
+    parser.add_argument("--micro_batches", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--barrier", default="")
+    args = parser.parse_args()
+    strategy = crossover_tf.CrossoverStrategy(
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, priority=args.priority))
+    keras.utils.set_random_seed(1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH * args.steps, FEATURES)).astype("float32")
+    y = rng.integers(0, CLASSES, size=(BATCH * args.steps,))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((FEATURES,)),
+                                  keras.layers.Dense(args.width, activation="tanh"),
+                                  keras.layers.Dense(args.width, activation="tanh"),
+                                  keras.layers.Dense(CLASSES)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=True)
+    # Trace, compile and broadcast before lining up, so the timed fits really run together.
+    crossing = strategy.callbacks(micro_batches=args.micro_batches)
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0, callbacks=crossing)
+    if args.barrier:
+        wait_at_barrier(args.barrier, f"{args.priority}-{os.getpid()}")
+    losses = []
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[*crossing, keras.callbacks.LambdaCallback(
+                  on_train_batch_end=lambda batch, logs: losses.append(float(logs["loss"])))])
+    report = {"losses": losses, "weights": [w.tolist() for w in model.get_weights()],
+              "timeline": (strategy.extended.lease.timeline().tolist()
+                         if strategy.is_crossover else [])}
+    with open(args.out, "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main()

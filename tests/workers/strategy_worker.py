@@ -1,0 +1,144 @@
+"""Trains a tiny Keras model with CrossoverStrategy (or plain Keras) and writes what it saw.
+
+Run under `horovodrun --gloo` by tests/multiprocess/test_strategy.py. Writes JSON with per-step
+losses as Keras logged them on this rank, final weights, lease stats and timeline.
+
+  strategy_worker.py OUT --group G [--steps N] [--epochs E] [--reference] [--save DIR]
+                     [--bad_xla] [--group_per_rank] [--link_turn P] [--job J] [--linger PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from experiments.barrier import wait_at_barrier  # noqa: E402
+
+GLOBAL_BATCH = 32
+FEATURES, CLASSES = 16, 4
+
+
+class HostCallback(keras.layers.Layer):
+    """Calls back into Python (tf.numpy_function), which XLA cannot compile."""
+
+    def call(self, x):
+        y = tf.numpy_function(lambda a: a, [x], tf.float32, stateful=False)
+        return tf.ensure_shape(y, x.shape)
+
+
+def build_model(bad_xla: bool) -> keras.Model:
+    layers = [keras.Input((FEATURES,)), keras.layers.Dense(64, activation="tanh")]
+    if bad_xla:
+        layers.append(HostCallback())
+    layers += [keras.layers.Dense(64, activation="tanh"), keras.layers.Dense(CLASSES)]
+    model = keras.Sequential(layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=True)
+    return model
+
+
+def global_dataset(steps: int) -> tf.data.Dataset:
+    rng = np.random.default_rng(123)
+    n = GLOBAL_BATCH * steps
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    y = (np.argmax(x[:, :CLASSES], axis=1)).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH, drop_remainder=True)
+
+
+class RecordLosses(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--group", default="")
+    parser.add_argument("--jobs", type=int, default=1, help="jobs in the crossover group")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--reference", action="store_true", help="plain Keras, one process")
+    parser.add_argument("--save", default="")
+    parser.add_argument("--bad_xla", action="store_true")
+    parser.add_argument("--group_per_rank", action="store_true")
+    parser.add_argument("--fit_only", action="store_true", help="skip evaluate/predict")
+    parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
+    parser.add_argument("--epochs", type=int, default=1, help="--steps split over this many")
+    parser.add_argument("--link_turn", type=int, default=None, help="position of 2 jobs")
+    parser.add_argument("--job", default="", help="the job's label on the lease")
+    parser.add_argument("--linger", default="", help="after writing OUT, stay on the lease "
+                        "(holding nothing) until this file exists, for at most 120 s")
+    args = parser.parse_args()
+
+    keras.utils.set_random_seed(7)
+    record = RecordLosses()
+    result: dict = {}
+    if args.reference:
+        model = build_model(args.bad_xla)
+        model.fit(global_dataset(args.steps // args.epochs), epochs=args.epochs, verbose=0,
+                  callbacks=[record])
+        rank = 0
+    else:
+        import horovod.tensorflow as hvd
+        import crossover_tf
+        group = args.group
+        if args.group_per_rank:
+            hvd.init()
+            group = f"{args.group}{hvd.rank()}"
+        strategy = crossover_tf.CrossoverStrategy(
+            group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60,
+                                                   job=args.job or None),
+            link_turn=(None if args.link_turn is None
+                       else crossover_tf.LinkTurnOptions(position=args.link_turn)))
+        rank = strategy.rank
+        keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
+        with strategy.scope():
+            model = build_model(args.bad_xla)
+        # Line the jobs up after their first step: it traces and XLA-compiles (seconds, and
+        # unequal between jobs), and a tiny job could otherwise finish before its peer starts.
+        line_up = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: (
+            wait_at_barrier(args.barrier, f"{group}-{rank}-{os.getpid()}")
+            if args.barrier and batch == 0 and not record.losses[1:] else None))
+        model.fit(strategy.distribute_dataset(global_dataset(args.steps // args.epochs)),
+                  epochs=args.epochs, verbose=0,
+                  callbacks=[*strategy.callbacks(), record, line_up])
+        result["lease_stats"] = strategy.lease_stats()
+        if strategy.extended.link_turn is not None:
+            result["link_turn_stats"] = strategy.link_turn_stats()
+            result["turn_timeline"] = strategy.extended.link_turn.timeline().tolist()
+        if strategy.extended.lease is not None:
+            result["timeline"] = strategy.extended.lease.timeline().tolist()
+        if args.fit_only:
+            args.save = ""
+        else:
+            result["evaluate"] = model.evaluate(strategy.distribute_dataset(global_dataset(2)),
+                                                verbose=0, return_dict=True)
+            result["predict_shape"] = list(model.predict(np.zeros((3, FEATURES), "float32"),
+                                                         verbose=0).shape)
+        result["jit_compile"] = bool(model.jit_compile)
+        if args.save and strategy.should_checkpoint:
+            model.save(os.path.join(args.save, "model.keras"))
+    result.update(rank=rank, losses=record.losses,
+                  weights=[w.tolist() for w in model.get_weights()])
+    path = args.out.replace("RANK", str(rank))
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(path + ".tmp", path)
+    deadline = time.monotonic() + 120
+    while args.linger and not os.path.exists(args.linger) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    main()
