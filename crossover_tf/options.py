@@ -144,24 +144,49 @@ class LinkTurnOptions:
         validate_timeout(self.wait_s)
 
 
+# The libraries that can move a job's bytes (crossover_tf/_communication/, one module each).
+BACKENDS = ("horovod", "tensorflow")
+
+
 @dataclasses.dataclass(frozen=True)
 class CommunicationOptions:
-    """How the job's ranks talk (Horovod).
+    """How the job's ranks talk: Horovod (the default) or TensorFlow's own collectives.
 
     Args:
-      compression: Horovod gradient compression (hvd.Compression.none, the default, or .fp16).
-      allreduce_on: "auto" (host memory via Gloo for a crossover group on GPU, else next to
-        the gradients), "host" or "device"; devices.allreduce_device says why.
+      backend: "horovod" (ranks from horovodrun, Gloo or NCCL) or "tensorflow" (ranks from
+        TF_CONFIG, Slurm's resolver or a TFJob; `python -m crossover_tf.launch` starts local
+        ones). The crossing protocol is the same under both.
+      compression: Horovod gradient compression (hvd.Compression.none, the default, or .fp16);
+        the tensorflow backend has none.
+      allreduce_on: "auto" (host memory for a crossover group on GPU, else next to the
+        gradients), "host" or "device"; devices.allreduce_device says why.
       init_horovod: call hvd.init(); with False, Horovod must already be initialised.
+      cluster_resolver: the tensorflow backend's cluster (a tf.distribute cluster resolver);
+        None reads TF_CONFIG, else Slurm's environment, else runs one rank.
+      collective_timeout_s: the tensorflow backend's longest wait in one collective: a peer
+        that died fails the job after it instead of hanging it.
     """
+    backend: str = "horovod"
     compression: Any = None
     allreduce_on: str = "auto"
     init_horovod: bool = True
+    cluster_resolver: Any = None
+    collective_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"crossover_tf: CommunicationOptions.backend must be one of "
+                             f"{BACKENDS}, got {self.backend!r}")
         if self.allreduce_on not in ALLREDUCE_PLACEMENTS:
             raise ValueError(f"crossover_tf: allreduce_on must be one of "
                              f"{ALLREDUCE_PLACEMENTS}, got {self.allreduce_on!r}")
+        if self.backend != "horovod" and self.compression is not None:
+            raise ValueError("crossover_tf: gradient compression is Horovod's; the "
+                             f"{self.backend} backend sends gradients as they are")
+        if self.backend != "tensorflow" and self.cluster_resolver is not None:
+            raise ValueError("crossover_tf: cluster_resolver is for backend='tensorflow'; "
+                             "Horovod's ranks come from horovodrun")
+        validate_timeout(self.collective_timeout_s)
 
 
 def check_combination(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None

@@ -22,7 +22,6 @@ from crossover_tf._keras import hooks as keras_hooks
 from crossover_tf import lease as lease_lib
 from crossover_tf._communication.communicator import Communicator
 from crossover_tf._setup.extended import CrossoverExtended, bring_up
-from crossover_tf._communication.horovod import HorovodCommunicator
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
 
@@ -263,6 +262,17 @@ def _checked(name: str, value: _Options | None, kind: type[_Options]) -> _Option
 
 
 def _communicator(communication: CommunicationOptions) -> Communicator:
-    """The job's communicator: Horovod's (the one backend so far; communicator.py says what
-    another must provide)."""
+    """The job's communicator, from the backend chosen (communicator.py says what each
+    provides). Each backend's library is imported only when chosen: Horovod is optional."""
+    if communication.backend == "tensorflow":
+        from crossover_tf._communication.tensorflow import TensorFlowCommunicator
+        return TensorFlowCommunicator(communication.cluster_resolver,
+                                      communication.collective_timeout_s)
+    try:
+        from crossover_tf._communication.horovod import HorovodCommunicator
+    except ImportError as err:
+        raise ImportError(
+            f"crossover_tf: the horovod backend needs Horovod 0.28.1 ({err}); install it with "
+            "`pip install 'crossover_tf[horovod]'` (a patched source build: bash "
+            "scripts/install.sh), or use CommunicationOptions(backend='tensorflow')") from None
     return HorovodCommunicator(communication.compression, communication.init_horovod)

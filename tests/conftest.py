@@ -83,6 +83,17 @@ def horovodrun_command(num_proc: int, *command: str) -> list[str]:
             *command]
 
 
+BACKENDS = ("horovod", "tensorflow")  # CommunicationOptions.backend; tests cross under both
+
+
+def launch_command(backend: str, num_proc: int, *command: str) -> list[str]:
+    """num_proc local ranks of command, started as the backend's jobs are: horovodrun for
+    Horovod, `python -m crossover_tf.launch` (each task's TF_CONFIG) for TensorFlow's."""
+    if backend == "horovod":
+        return horovodrun_command(num_proc, *command)
+    return [sys.executable, "-m", "crossover_tf.launch", "-np", str(num_proc), "--", *command]
+
+
 def run_bounded(cmd: list[str], env: dict[str, str], timeout: float,
                 cwd: str | None = None) -> subprocess.CompletedProcess:
     """Runs cmd in its own process group; on timeout kills the whole group and fails."""

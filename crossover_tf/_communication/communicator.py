@@ -50,6 +50,16 @@ class Communicator(abc.ABC):
     def local_size(self) -> int:
         """How many of the job's ranks run on this host."""
 
+    def start(self) -> None:
+        """Connects the ranks, once the devices are configured (bring_up calls it before any
+        collective). A backend whose connection initialises TensorFlow's runtime does it
+        here, since GPUs cannot be pinned after that; others have nothing to do."""
+
+    def own_devices(self, devices: Sequence[Any]) -> list[Any]:
+        """The logical devices (tf.config.list_logical_devices) that are this process's own:
+        a backend whose server makes its peers' devices visible leaves those out."""
+        return list(devices)
+
     @abc.abstractmethod
     def allreduce(self, tensors: Sequence[tf.Tensor], *, mean: bool, name: str,
                   device: str | None = None, compress: bool = False) -> list[tf.Tensor]:

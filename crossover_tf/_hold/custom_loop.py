@@ -18,12 +18,13 @@ included), everything after gradient() waits for the re-acquire, and the closing
 for every op written inside. Eagerly, program order is the order.
 
 The contract is checked where it can be. gradient() outside a hold is an error (a yield of a
-device not held would let the loop compute unheld). In a tf.function, a Horovod collective
+device not held would let the loop compute unheld). In a tf.function, a collective
 written inside the hold other than the tape's own allreduce (hvd.DistributedGradientTape,
-strategy.reduce, a sync-BatchNorm layer) is an error when the hold closes: the job would
-hold the device while waiting on the network. Collectives inside nested tf.functions and
-tf.cond / tf.while_loop bodies are found too; run eagerly, nothing can be seen: keep
-collectives out of the hold.
+strategy.reduce, a sync-BatchNorm layer; Horovod's, TensorFlow's or NCCL's ops) is an error
+when the hold closes: the job would hold the device while waiting on the network.
+Collectives inside nested tf.functions, tf.cond / tf.while_loop bodies and tf.switch_case
+branches are found too. A tf.py_function or tf.numpy_function in the hold is refused as well:
+its Python cannot be read. Run eagerly, nothing can be seen: keep collectives out of the hold.
 
 XLA: the lease ops and Horovod's collectives have no XLA kernels, so the loop's own
 tf.function stays jit_compile=False; compile its device parts with nested
@@ -41,13 +42,22 @@ from crossover_tf._communication.communicator import Allreduce
 from crossover_tf.lease.link_turn import allreduce_in_turn
 from crossover_tf._nest import map_present
 
-# Horovod's TensorFlow ops that wait on other ranks (mpi_ops.py); HorovodSize and the like
-# only read local state.
+# The ops that wait on other ranks, under either backend. Horovod's (mpi_ops.py; HorovodSize
+# and the like only read local state), TensorFlow's collective ops (collective_ops.py, every
+# version) and NCCL's (nccl_ops.py).
 COLLECTIVE_OPS = frozenset({
     "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
     "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodBroadcastInplace",
     "HorovodBroadcastInplaceResource", "HorovodAlltoall", "HorovodReducescatter",
-    "HorovodGroupedReducescatter", "HorovodJoin"})
+    "HorovodGroupedReducescatter", "HorovodJoin",
+    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "CollectiveGather",
+    "CollectiveGatherV2", "CollectiveBcastSend", "CollectiveBcastRecv", "CollectiveBcastSendV2",
+    "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveAllToAllV3",
+    "CollectiveReduceScatterV2", "CollectiveInitializeCommunicator", "CollectivePermute",
+    "NcclAllReduce", "NcclBroadcast", "NcclReduce"})
+# Ops that run Python the check cannot read (tf.py_function, tf.numpy_function): refused in a
+# hold, since their body could wait on the network (an eager hvd.allreduce, a gRPC call).
+PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
 
 _local = threading.local()  # the holds open in this thread (a tf.function traces in one)
 
@@ -142,11 +152,19 @@ class DeviceHold:
     def _refuse_collectives(self, written: list[Any]) -> None:
         library = {f.signature.name: f
                    for f in self._graph.as_graph_def().library.function}
-        inside = [f"{found} {op.name!r}" for op in written if op.name not in self._exempt
+        inside = [(found, op.name) for op in written if op.name not in self._exempt
                   for found in _collectives(op.type, op.node_def.attr, library, set())]
+        python = [f"{kind} {name!r}" for kind, name in inside if kind in PYTHON_OPS]
+        if python:
+            raise ValueError(
+                f"crossover_tf: Python op(s) {', '.join(python)} (tf.py_function, "
+                "tf.numpy_function) inside strategy.hold_device(): their Python cannot be "
+                "checked for collectives, which would hold the device while waiting on the "
+                "network. Run them outside the hold, or in the input pipeline.")
         if inside:
             raise ValueError(
-                f"crossover_tf: Horovod collective(s) {', '.join(inside)} inside "
+                f"crossover_tf: collective(s) "
+                f"{', '.join(f'{kind} {name!r}' for kind, name in inside)} inside "
                 "strategy.hold_device(): the job would hold the device while it waits on the "
                 "network, and the peer job could not compute. Use "
                 "strategy.gradient_tape(tape) instead of hvd.DistributedGradientTape, and run "
@@ -190,14 +208,15 @@ class CrossoverGradientTape:
 
 def _collectives(op_type: str, attrs: Any, library: dict[str, Any], seen: set[str]
                  ) -> list[str]:
-    """The collective op types an op runs: itself, or inside the functions it calls (a nested
-    tf.function, as Horovod's tape writes its allreduce; a tf.cond or tf.while_loop body)."""
-    found = [op_type] if op_type in COLLECTIVE_OPS else []
+    """The collective (or Python) op types an op runs: itself, or inside the functions it
+    calls: a nested tf.function, as Horovod's tape writes its allreduce; a tf.cond or
+    tf.while_loop body (one function each); tf.switch_case's branches (a list of functions)."""
+    found = [op_type] if op_type in COLLECTIVE_OPS | PYTHON_OPS else []
     for value in attrs.values():
-        name = value.func.name
-        if not name or name in seen or name not in library:
-            continue
-        seen.add(name)
-        for node in library[name].node_def:
-            found += _collectives(node.op, node.attr, library, seen)
+        for name in [value.func.name, *(f.name for f in value.list.func)]:
+            if not name or name in seen or name not in library:
+                continue
+            seen.add(name)
+            for node in library[name].node_def:
+                found += _collectives(node.op, node.attr, library, seen)
     return found

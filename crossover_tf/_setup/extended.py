@@ -74,6 +74,7 @@ def bring_up(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
     memory = devices.GpuMemoryPolicy(growth=device.memory_growth,
                                      limit_mb=device.memory_limit_mb)
     gpu_ordinal = _configure_devices(device.configure, memory, comm)
+    comm.start()
     driver = devices.CudaDriver() if gpu_ordinal is not None else None
     device_key = device.device_key or devices.device_key(comm.local_rank, gpu_ordinal, driver)
     first_rank = _check_consistent_across_ranks(group, device_key, comm)
@@ -88,9 +89,9 @@ def bring_up(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
     turn = (lease_lib.LinkTurn(device_lease, link_turn.position, lease.jobs, comm.agree_on_min,
                                link_turn.wait_s, comm.barrier)
             if device_lease is not None and link_turn is not None else None)
-    local_device = devices.local_device_name(tf.config.list_logical_devices("GPU"),
-                                             tf.config.list_logical_devices("CPU"),
-                                             comm.local_rank)
+    local_device = devices.local_device_name(
+        comm.own_devices(tf.config.list_logical_devices("GPU")),
+        comm.own_devices(tf.config.list_logical_devices("CPU")), comm.local_rank)
     return CrossoverExtended(
         group, lease, link_turn, device, communication, comm, device_key, local_device,
         devices.allreduce_device(communication.allreduce_on, device_lease is not None,

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import WORKERS, horovodrun_command, run_alongside, run_bounded
+from conftest import (BACKENDS, WORKERS, horovodrun_command, launch_command, run_alongside,
+                      run_bounded)
 from crossover_tf.profiling import phases as timeline
 from step_crossings import overlap_steps
 
@@ -33,20 +34,23 @@ def _holds(events: list) -> np.ndarray:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_crossed_custom_loop_trains_like_plain_horovod_and_never_holds_at_once(
-        tmp_path, lease_group, child_env):
+        tmp_path, lease_group, child_env, backend):
+    """Under each backend the crossed loop is that library's plain loop."""
     barrier = tmp_path / "barrier"
     crossed = ["--group", lease_group, "--jobs", "2", "--steps", str(STEPS), "--barrier",
-               f"{barrier}:4"]
+               f"{barrier}:4", "--backend", backend]
     for result in run_alongside(
-            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                               *crossed),
-            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
-                               *crossed), child_env, timeout=240):
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                           *crossed),
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
+                           *crossed), child_env, timeout=240):
         _ok(result)
-    _ok(run_bounded(horovodrun_command(2, sys.executable, WORKER,
-                                       str(tmp_path / "plain_RANK.json"), "--plain",
-                                       "--steps", str(STEPS)), child_env, 240))
+    _ok(run_bounded(launch_command(backend, 2, sys.executable, WORKER,
+                                   str(tmp_path / "plain_RANK.json"), "--plain",
+                                   "--steps", str(STEPS), "--backend", backend),
+                    child_env, 240))
     a, b, plain = _load(tmp_path, "a"), _load(tmp_path, "b"), _load(tmp_path, "plain")
 
     # The crossed loop is the plain Horovod loop, step by step and weight by weight.

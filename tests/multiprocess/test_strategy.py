@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import WORKERS, horovodrun_command, run_alongside, run_bounded
+from conftest import (BACKENDS, WORKERS, horovodrun_command, launch_command, run_alongside,
+                      run_bounded)
 from crossover_tf.profiling import phases as timeline
 from step_crossings import overlap_steps
 
@@ -38,20 +39,23 @@ def assert_trains_like_reference(ranks: list[dict], reference: dict) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group, child_env):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group, child_env,
+                                                          backend):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     crossed_args = ["--steps", str(STEPS), "--barrier", f"{barrier}:4",  # 2 jobs x 2 ranks
-                    "--jobs", "2"]
-    common = ["--steps", str(STEPS)]
+                    "--jobs", "2", "--backend", backend]
+    common = ["--steps", str(STEPS), "--backend", backend]
     for result in run_alongside(
-            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                               "--group", lease_group, "--save", str(tmp_path), *crossed_args),
-            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
-                               "--group", lease_group, *crossed_args), child_env, timeout=240):
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                           "--group", lease_group, "--save", str(tmp_path), *crossed_args),
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
+                           "--group", lease_group, *crossed_args), child_env, timeout=240):
         _check(result)
-    _check(run_bounded(horovodrun_command(
-        2, sys.executable, WORKER, str(tmp_path / "solo_RANK.json"), *common), child_env, 240))
+    _check(run_bounded(launch_command(
+        backend, 2, sys.executable, WORKER, str(tmp_path / "solo_RANK.json"), *common),
+        child_env, 240))
     _check(run_bounded([sys.executable, WORKER, str(tmp_path / "ref_RANK.json"), "--reference",
                         *common], child_env, 240))
 

@@ -93,18 +93,28 @@ def built_wheel(tmp_path_factory) -> pathlib.Path:
     return wheel
 
 
-@pytest.fixture(scope="session")
-def fresh_venv(tmp_path_factory, built_wheel) -> pathlib.Path:
+def new_venv(tmp_path_factory, wheel_requirement: str, *pip_args: str) -> pathlib.Path:
     """A new, empty virtual environment (no system site-packages) with only the wheel, its
-    dependencies, the pinned TensorFlow and the cached Horovod wheel installed."""
-    tf_name = tensorflow_distribution()
-    hvd_dir = horovod_wheel_dir(tf_name)
+    dependencies and the pinned TensorFlow installed."""
     venv = tmp_path_factory.mktemp("venv") / "env"
     run_checked([sys.executable, "-m", "venv", str(venv)], 300)
     run_checked([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                 "--disable-pip-version-check", "--find-links", str(hvd_dir), str(built_wheel),
-                 pin(tf_name)], INSTALL_TIMEOUT_S)
+                 "--disable-pip-version-check", *pip_args, wheel_requirement,
+                 pin(tensorflow_distribution())], INSTALL_TIMEOUT_S)
     return venv
+
+
+@pytest.fixture(scope="session")
+def fresh_venv(tmp_path_factory, built_wheel) -> pathlib.Path:
+    """The wheel with its horovod extra, from the cached Horovod wheel."""
+    return new_venv(tmp_path_factory, f"{built_wheel}[horovod]", "--find-links",
+                    str(horovod_wheel_dir(tensorflow_distribution())))
+
+
+@pytest.fixture(scope="session")
+def venv_without_horovod(tmp_path_factory, built_wheel) -> pathlib.Path:
+    """The wheel alone: a stock TensorFlow user who never built Horovod."""
+    return new_venv(tmp_path_factory, str(built_wheel))
 
 
 def user_env(venv: pathlib.Path) -> dict[str, str]:
@@ -174,3 +184,39 @@ def test_fresh_venv_trains_a_crossed_pair_outside_the_repo(fresh_venv, lease_gro
         assert stats["acquires"] == 2 * STEPS and not stats["held"], stats   # compute + apply
     print("lease stats:", a["lease_stats"], b["lease_stats"])
     assert a["lease_stats"]["handoffs"] + b["lease_stats"]["handoffs"] > 0   # one shared lease
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_venv_without_horovod_crosses_a_pair_with_tensorflow_collectives(
+        venv_without_horovod, lease_group, tmp_path):
+    """Issue 33: `pip install crossover_tf` and a stock TensorFlow, no Horovod: two jobs of
+    two ranks each (python -m crossover_tf.launch) cross through TensorFlow's collectives,
+    and asking for the Horovod backend fails with one line that says how to install it."""
+    workdir = tmp_path / "user"
+    workdir.mkdir()
+    script = shutil.copy(USER_SCRIPT, workdir / "train.py")
+    barrier = workdir / "barrier"
+    barrier.mkdir()
+    python = str(venv_without_horovod / "bin" / "python")
+    env = user_env(venv_without_horovod)
+    commands = [[python, "-m", "crossover_tf.launch", "-np", "2", "--timeout_s",
+                 str(PAIR_TIMEOUT_S), "--", python, script, str(workdir / f"{job}_RANK.json"),
+                 "--group", lease_group, "--steps", str(STEPS), "--barrier", f"{barrier}:4",
+                 "--backend", "tensorflow"] for job in ("a", "b")]
+    for rc, out in run_pair(commands, env, workdir, PAIR_TIMEOUT_S + 30):
+        assert rc == 0, out[-6000:]
+    for job in ("a", "b"):
+        ranks = [json.loads((workdir / f"{job}_{r}.json").read_text()) for r in range(2)]
+        for rank in ranks:
+            assert not rank["horovod_importable"] and rank["size"] == 2
+            assert pathlib.Path(rank["crossover_tf"]).is_relative_to(venv_without_horovod)
+            stats = rank["lease_stats"]
+            assert stats["acquires"] == 2 * STEPS and not stats["held"], stats
+
+    asked = subprocess.run([python, "-c", "import crossover_tf; crossover_tf.CrossoverStrategy()"],
+                           env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert asked.returncode != 0
+    last = asked.stderr.strip().splitlines()[-1]
+    assert "the horovod backend needs Horovod 0.28.1" in last, asked.stderr[-3000:]
+    assert "pip install 'crossover_tf[horovod]'" in last and "backend='tensorflow'" in last

@@ -15,7 +15,6 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -36,15 +35,29 @@ def crossed_step(strategy, model, optimizer, loss_fn):
     return step
 
 
-def plain_step(model, optimizer, loss_fn):
+def plain_communicator(backend: str):
+    """The plain loop's ranks and its gradient average, written as a user of each library
+    would: Horovod's grouped allreduce, or TensorFlow's collectives through the backend."""
+    if backend == "horovod":
+        import horovod.tensorflow as hvd
+        from crossover_tf._communication.horovod import HorovodCommunicator
+        hvd.init()
+        return (HorovodCommunicator(init=False),
+                lambda grads: hvd.grouped_allreduce(grads, op=hvd.Average))
+    from crossover_tf._communication.tensorflow import TensorFlowCommunicator
+    comm = TensorFlowCommunicator()
+    comm.start()
+    return comm, lambda grads: comm.allreduce(grads, mean=True, name="plain_grads")
+
+
+def plain_step(model, optimizer, loss_fn, average):
     # hvd.DistributedGradientTape keys gradients by tf.Variable.ref(), which Keras 3 variables
     # lack: a plain Horovod loop on Keras 3 averages the tape's gradients itself.
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        grads = hvd.grouped_allreduce(tape.gradient(loss, model.trainable_variables),
-                                      op=hvd.Average)
+        grads = average(tape.gradient(loss, model.trainable_variables))
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
     return step
@@ -71,6 +84,7 @@ def misuse(strategy, model, optimizer, loss_fn) -> tuple[dict[str, str], dict[st
         return strategy.gradient_tape(tape).gradient(loss, model.trainable_variables)
 
     def horovod_tape_in_hold(x, y):
+        import horovod.tensorflow as hvd
         with strategy.hold_device():
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
@@ -110,14 +124,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
     parser.add_argument("--misuse", action="store_true")
+    parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend")
     args = parser.parse_args()
 
     import crossover_tf
     strategy = None if args.plain else crossover_tf.CrossoverStrategy(
-        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60))
-    if strategy is None:
-        hvd.init()
-    rank = hvd.rank()
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60),
+        communication=crossover_tf.CommunicationOptions(backend=args.backend,
+                                                        collective_timeout_s=120))
+    comm, average = plain_communicator(args.backend) if strategy is None else (None, None)
+    rank, size = (comm.rank, comm.size) if strategy is None else (strategy.rank, strategy.size)
     keras.utils.set_random_seed(7 + rank)  # different init per rank: the broadcast fixes it
     model = build_model(bad_xla=False)
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
@@ -127,11 +143,9 @@ def main() -> None:
     if strategy is None:
         # hvd.broadcast_variables assigns to tf.Variables, not Keras 3 ones: the same
         # broadcast through the helper the strategy uses.
-        from crossover_tf._communication.horovod import HorovodCommunicator
-        HorovodCommunicator(init=False).broadcast_variables(variables, root_rank=0)
-        step = plain_step(model, optimizer, loss_fn)
-        data = global_dataset(args.steps).map(lambda x, y: (x[rank::hvd.size()],
-                                                            y[rank::hvd.size()]))
+        comm.broadcast_variables(variables, root_rank=0)
+        step = plain_step(model, optimizer, loss_fn, average)
+        data = global_dataset(args.steps).map(lambda x, y: (x[rank::size], y[rank::size]))
     else:
         strategy.broadcast_variables(variables)
         step = crossed_step(strategy, model, optimizer, loss_fn)

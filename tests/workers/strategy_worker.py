@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="--steps split over this many")
     parser.add_argument("--link_turn", type=int, default=None, help="position of 2 jobs")
     parser.add_argument("--job", default="", help="the job's label on the lease")
+    parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend")
     parser.add_argument("--linger", default="", help="after writing OUT, stay on the lease "
                         "(holding nothing) until this file exists, for at most 120 s")
     args = parser.parse_args()
@@ -90,17 +91,19 @@ def main() -> None:
                   callbacks=[record])
         rank = 0
     else:
-        import horovod.tensorflow as hvd
         import crossover_tf
         group = args.group
         if args.group_per_rank:
+            import horovod.tensorflow as hvd
             hvd.init()
             group = f"{args.group}{hvd.rank()}"
         strategy = crossover_tf.CrossoverStrategy(
             group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60,
                                                    job=args.job or None),
             link_turn=(None if args.link_turn is None
-                       else crossover_tf.LinkTurnOptions(position=args.link_turn)))
+                       else crossover_tf.LinkTurnOptions(position=args.link_turn)),
+            communication=crossover_tf.CommunicationOptions(backend=args.backend,
+                                                            collective_timeout_s=120))
         rank = strategy.rank
         keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
         with strategy.scope():

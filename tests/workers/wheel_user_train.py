@@ -1,9 +1,10 @@
 """A user's training script for tests/system/test_wheel.py: run with the installed wheel only.
 
-Copied out of the repository and run there under `horovodrun --gloo`, by a fresh virtual
+Copied out of the repository and run there under `horovodrun --gloo` (or `python -m
+crossover_tf.launch` for the tensorflow backend), by a fresh virtual
 environment's Python, so it sees nothing of the source tree: no PYTHONPATH, no ops/ build.
 
-  wheel_user_train.py OUT --group G --barrier DIR:N [--steps N]
+  wheel_user_train.py OUT --group G --barrier DIR:N [--steps N] [--backend tensorflow]
 """
 from __future__ import annotations
 
@@ -44,10 +45,12 @@ def main() -> None:
     parser.add_argument("--group", required=True)
     parser.add_argument("--barrier", required=True)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--backend", default="horovod")
     args = parser.parse_args()
 
     strategy = crossover_tf.CrossoverStrategy(  # two jobs cross: LeaseOptions' default
-        args.group, lease=crossover_tf.LeaseOptions(timeout_s=60))
+        args.group, lease=crossover_tf.LeaseOptions(timeout_s=60),
+        communication=crossover_tf.CommunicationOptions(backend=args.backend))
     # Big enough that a step's hold lasts milliseconds: the crossed jobs then meet at the lease.
     with strategy.scope():
         model = keras.Sequential([keras.Input((FEATURES,)),
@@ -66,11 +69,13 @@ def main() -> None:
     history = model.fit(strategy.distribute_dataset(data), verbose=0,
                         callbacks=[*strategy.callbacks(), after_first])
     result = {"lease_stats": strategy.lease_stats(), "loss": history.history["loss"],
+              "rank": strategy.rank, "size": strategy.size,
+              "horovod_importable": importlib.util.find_spec("horovod") is not None,
               "crossover_tf": crossover_tf.__file__,
               # The wheel must not install the repository's generic top-level packages.
               "experiments_importable": importlib.util.find_spec("experiments") is not None,
               "models_importable": importlib.util.find_spec("models") is not None}
-    pathlib.Path(args.out).write_text(json.dumps(result))
+    pathlib.Path(args.out.replace("RANK", str(strategy.rank))).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

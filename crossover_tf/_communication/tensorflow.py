@@ -1,0 +1,201 @@
+"""TensorFlow's own collective ops as the job's communication backend: no Horovod.
+
+The ranks are the tasks of a TensorFlow cluster, read from a cluster resolver (TF_CONFIG,
+Slurm, Kubeflow's TFJob) as MultiWorkerMirroredStrategy reads them. The server is started in
+the order MultiWorkerMirroredStrategy uses (collective leader, coordination service, then the
+server definition with a copy of the context's config), before any other TensorFlow op runs:
+without the context's config in the server definition the first collective hangs with no
+error (../shared/platform-notes.md).
+
+Every collective carries a timeout, so a peer that died or a wrong TF_CONFIG fails the job
+instead of hanging it. A grouped allreduce packs the tensors of each dtype into one buffer and
+runs one CollectiveReduceV2 per dtype, as Horovod's tensor fusion does.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import os
+import pickle
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.core.protobuf import tensorflow_server_pb2
+from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.eager import context
+
+from crossover_tf._communication.communicator import Communicator
+
+_GROUP_KEY = 1  # one group: the job's ranks
+_COORDINATED_JOBS = ("chief", "worker")
+
+
+class ClusterError(RuntimeError):
+    """The cluster this process was given cannot run a job (says which setting to fix)."""
+
+
+def default_resolver() -> Any:
+    """TF_CONFIG's cluster when it is set (a TFJob or our launcher sets it), else Slurm's
+    when this process is a Slurm task, else None (a job of one rank)."""
+    from tensorflow.python.distribute.cluster_resolver import (SlurmClusterResolver,
+                                                               TFConfigClusterResolver)
+    if os.environ.get("TF_CONFIG"):
+        return TFConfigClusterResolver()
+    if os.environ.get("SLURM_PROCID") is not None and os.environ.get("SLURM_STEP_NUM_TASKS"):
+        return SlurmClusterResolver(port_base=int(os.environ.get("CROSSOVER_TF_PORT_BASE",
+                                                                  "8888")))
+    return None
+
+
+class TensorFlowCommunicator(Communicator):
+    """The job's ranks through TensorFlow's collective ops (ring over gRPC between tasks).
+
+    Args:
+      cluster_resolver: where the cluster comes from; None: default_resolver().
+      timeout_s: the longest any one collective may wait for its peers.
+
+    Reading the cluster runs no TensorFlow op; start() starts this task's server.
+    """
+
+    def __init__(self, cluster_resolver: Any = None, timeout_s: float = 600.0) -> None:
+        self.timeout_s = float(timeout_s)
+        self._keys = itertools.count(1)  # instance keys: every rank builds the same sequence
+        resolver = cluster_resolver if cluster_resolver is not None else default_resolver()
+        self._rank, self._size, self._local_rank, self._local_size = 0, 1, 0, 1
+        self._server: tuple[Any, ...] | None = None
+        self._task: tuple[str, int] | None = None
+        if resolver is None:
+            return
+        spec = multi_worker_util.normalize_cluster_spec(resolver.cluster_spec())
+        task_type, task_id = resolver.task_type, resolver.task_id
+        if task_type not in _COORDINATED_JOBS or task_id is None:
+            raise ClusterError(f"crossover_tf: this task is {task_type!r}/{task_id!r}; a "
+                               "training rank must be a 'chief' or 'worker' task (TF_CONFIG's "
+                               "task)")
+        self._size = multi_worker_util.worker_count(spec, task_type)
+        self._rank = multi_worker_util.id_in_cluster(spec, task_type, task_id)
+        self._local_rank, self._local_size = _local_coordinates(spec, self._rank)
+        self._task = (task_type, int(task_id))
+        self._server = (resolver, spec, task_type, task_id) if self._size > 1 else None
+
+    def start(self) -> None:
+        if self._server is not None:
+            _start_server(*self._server)
+            self._server = None
+
+    def __repr__(self) -> str:
+        return f"TensorFlowCommunicator(rank={self.rank}, size={self.size})"
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self._local_size
+
+    def own_devices(self, devices: Sequence[Any]) -> list[Any]:
+        # With the server up, the eager context lists every task's devices; ours first.
+        if self._task is None:
+            return list(devices)
+        task_type, task_id = self._task
+        return [d for d in devices
+                if tf.DeviceSpec.from_string(d.name).job in (None, task_type)
+                and tf.DeviceSpec.from_string(d.name).task in (None, task_id)]
+
+    def allreduce(self, tensors: Sequence[tf.Tensor], *, mean: bool, name: str,
+                  device: str | None = None, compress: bool = False) -> list[tf.Tensor]:
+        # compress: this backend has no gradient compression; the tensors go as they are.
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        if self.size == 1:
+            return [tf.identity(t) for t in tensors]
+        with tf.device(device) if device is not None else contextlib.nullcontext():
+            out: list[tf.Tensor | None] = [None] * len(tensors)
+            for dtype in dict.fromkeys(t.dtype for t in tensors):
+                indices = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+                flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
+                reduced = tf.raw_ops.CollectiveReduceV2(
+                    input=flat, group_size=self.size, group_key=_GROUP_KEY,
+                    instance_key=next(self._keys), ordering_token=[], merge_op="Add",
+                    final_op="Div" if mean else "Id", communication_hint="ring",
+                    timeout_seconds=self.timeout_s, name=name)
+                sizes = [tf.size(tensors[i]) for i in indices]
+                for i, part in zip(indices, tf.split(reduced, sizes)):
+                    out[i] = tf.reshape(part, tf.shape(tensors[i]))
+        return out  # type: ignore[return-value]
+
+    def broadcast(self, tensor: tf.Tensor, root_rank: int, name: str) -> tf.Tensor:
+        tensor = tf.convert_to_tensor(tensor)
+        if self.size == 1:
+            return tf.identity(tensor)
+        common = dict(group_size=self.size, group_key=_GROUP_KEY,
+                      instance_key=next(self._keys), communication_hint="ring",
+                      timeout_seconds=self.timeout_s, name=name)
+        if self.rank == root_rank:
+            return tf.raw_ops.CollectiveBcastSendV2(input=tensor, **common)
+        return tf.raw_ops.CollectiveBcastRecvV2(shape=tf.shape(tensor), T=tensor.dtype,
+                                                **common)
+
+    def allgather_object(self, obj: Any, name: str) -> list[Any]:
+        if self.size == 1:
+            return [obj]
+        data = pickle.dumps(obj)
+        lengths = self._gather(tf.constant([len(data)], tf.int64), f"{name}_lengths").numpy()
+        # The gather takes no bytes: the pickles go as int32 words, padded to the longest.
+        padded = np.zeros(-(-int(lengths.max()) // 4) * 4, np.uint8)
+        padded[:len(data)] = np.frombuffer(data, np.uint8)
+        rows = self._gather(tf.constant(padded.view(np.int32)[np.newaxis]), name).numpy()
+        return [pickle.loads(rows[r].view(np.uint8)[:lengths[r]].tobytes())
+                for r in range(self.size)]
+
+    def _gather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
+        """Every rank's tensor stacked along axis 0, in rank order (same shapes on all)."""
+        with tf.device("/CPU:0"):
+            return tf.raw_ops.CollectiveGatherV2(
+                input=tensor, group_size=self.size, group_key=_GROUP_KEY,
+                instance_key=next(self._keys), ordering_token=[], communication_hint="ring",
+                timeout_seconds=self.timeout_s, name=name)
+
+
+def _local_coordinates(spec: Any, rank: int) -> tuple[int, int]:
+    """(local rank, local size): the ranks whose address has this rank's host, in rank order."""
+    hosts = [address.rsplit(":", 1)[0] for job in _COORDINATED_JOBS if job in spec.jobs
+             for address in spec.job_tasks(job)]
+    mine = hosts[rank]
+    return hosts[:rank].count(mine), hosts.count(mine)
+
+
+def _start_server(resolver: Any, spec: Any, task_type: str, task_id: int) -> None:
+    """Starts this task's server and enables collective ops (MultiWorkerMirroredStrategy's
+    order). Must run before any other TensorFlow op: a started context cannot take it."""
+    ctx = context.context()
+    ctx.configure_collective_ops(
+        collective_leader=multi_worker_util.collective_leader(spec, task_type, task_id),
+        device_filters=(f"/job:{task_type}/task:{task_id}",))
+    if ctx.coordination_service is None:
+        ctx.configure_coordination_service(
+            service_type="standalone",
+            service_leader=multi_worker_util.coordination_leader(spec),
+            coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
+                name=job, num_tasks=spec.num_tasks(job))
+                for job in _COORDINATED_JOBS if job in spec.jobs])
+    config = copy.deepcopy(ctx.config)
+    config.experimental.collective_group_leader = multi_worker_util.collective_leader(
+        spec, task_type, task_id)
+    server_def = tensorflow_server_pb2.ServerDef(
+        cluster=spec.as_cluster_def(), default_session_config=config, job_name=task_type,
+        task_index=task_id, protocol=getattr(resolver, "rpc_layer", None) or "grpc",
+        port=getattr(resolver, "port", 0) or 0)
+    ctx.enable_collective_ops(server_def)
+    ctx.ensure_initialized()

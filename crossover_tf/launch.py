@@ -1,0 +1,128 @@
+"""Starts N local tasks of one job with their TF_CONFIG, as `horovodrun -np N -H localhost:N`
+starts Horovod ranks: for the `tensorflow` communication backend on one machine (tests, the
+emulated cluster's hosts). A real cluster's TF_CONFIG comes from its scheduler (Kubeflow's
+TFJob) or Slurm's resolver instead.
+
+  python -m crossover_tf.launch -np 2 [--address 127.0.0.1] [--timeout_s S] -- python train.py
+
+Each task's output lines are prefixed with its rank. When one task fails, the others are
+stopped (a peer left in a collective would wait for its timeout); past --timeout_s all are
+killed and the exit status is 124, as timeout(1)'s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Sequence
+
+TIMED_OUT = 124
+_GRACE_S = 5.0
+
+
+def free_ports(address: str, count: int) -> list[int]:
+    """count ports free on address now (held open together, so they are distinct)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((address, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_configs(address: str, ports: Sequence[int]) -> list[str]:
+    """One TF_CONFIG per task: every task a worker, worker i on ports[i]."""
+    cluster = {"worker": [f"{address}:{port}" for port in ports]}
+    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+            for i in range(len(ports))]
+
+
+def _forward(stream: IO[str], rank: int, out: IO[str]) -> None:
+    for line in stream:
+        out.write(f"[{rank}]: {line}")
+        out.flush()
+
+
+def _stop(procs: Sequence[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def run(command: Sequence[str], num_proc: int, address: str = "127.0.0.1",
+        timeout_s: float = 0.0, env: dict[str, str] | None = None) -> int:
+    """Runs command as num_proc tasks; returns 0, the first failing task's status, or 124."""
+    if num_proc < 1:
+        raise ValueError(f"crossover_tf.launch: -np must be >= 1, got {num_proc}")
+    if not command:
+        raise ValueError("crossover_tf.launch: no command given (put it after --)")
+    base = dict(os.environ if env is None else env)
+    procs, threads = [], []
+    for rank, config in enumerate(tf_configs(address, free_ports(address, num_proc))):
+        proc = subprocess.Popen(list(command), env={**base, "TF_CONFIG": config},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        thread = threading.Thread(target=_forward, args=(proc.stdout, rank, sys.stdout),
+                                  daemon=True)
+        thread.start()
+        procs.append(proc)
+        threads.append(thread)
+    deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
+    status = 0
+    try:
+        while [p.poll() for p in procs].count(None):  # polls every task (any() stops early)
+            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+            if failed and not status:
+                status = failed[0]
+                _stop(procs, signal.SIGTERM)
+                deadline = min(deadline, time.monotonic() + _GRACE_S)
+            if time.monotonic() > deadline:
+                status = status or TIMED_OUT
+                print(f"crossover_tf.launch: stopping the tasks "
+                      f"({'a task failed' if status != TIMED_OUT else f'past {timeout_s} s'})",
+                      file=sys.stderr)
+                _stop(procs, signal.SIGKILL)
+                break
+            time.sleep(0.1)
+    finally:
+        _stop(procs, signal.SIGKILL)
+        for proc in procs:
+            proc.wait()
+        for thread in threads:
+            thread.join(timeout=_GRACE_S)
+    return status or next((p.returncode for p in procs if p.returncode), 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m crossover_tf.launch",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("-np", "--num_proc", type=int, required=True)
+    parser.add_argument("--address", default="127.0.0.1",
+                        help="the address every task listens on (one machine)")
+    parser.add_argument("--timeout_s", type=float, default=0.0,
+                        help="kill all tasks past this many seconds (0: no limit)")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        return run(command, args.num_proc, args.address, args.timeout_s)
+    except ValueError as err:
+        parser.error(str(err))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
