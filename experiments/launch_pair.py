@@ -51,6 +51,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "Skip namespaces: localhost ranks, no shaping.")
     define(flags.DEFINE_bool, "measure_bandwidth", False,
            "Measure host0->host1 TCP rate before the jobs.")
+    define(flags.DEFINE_enum, "backend", "horovod",
+           "How the ranks find each other: Horovod's rendezvous, or TF_CONFIG for "
+           "CommunicationOptions(backend='tensorflow') (give the jobs --backend=tensorflow too).",
+           enum_values=["horovod", "tensorflow"])
     define(flags.DEFINE_string, "result_json", None, "Also write the result dict to this file.")
 
 
@@ -85,12 +89,12 @@ def _run_jobs(cluster: EmulatedCluster, config: Mapping[str, Any]) -> dict[str, 
     if config["mode"] != "single":
         jobs["B"] = parse_command(config["job_b"])
     return run_jobs(cluster, jobs, mode=config["mode"], log_dir=config["log_dir"],
-                    timeout_s=config["timeout_s"])
+                    timeout_s=config["timeout_s"], backend=config["backend"])
 
 
 def run_jobs(cluster: EmulatedCluster, jobs: Mapping[str, list[str]], *, mode: str,
              log_dir: str, timeout_s: float, env: Mapping[str, str] | None = None,
-             host_device_key: bool = True) -> dict[str, dict]:
+             host_device_key: bool = True, backend: str = "horovod") -> dict[str, dict]:
     """Runs the named jobs on an existing cluster together (concurrent) or in order, within
     one overall time budget, every rank with `env` added; returns wait_jobs' per-job
     results. host_device_key (launch.rank_env's): False on a real device, whose lease key the
@@ -101,7 +105,7 @@ def run_jobs(cluster: EmulatedCluster, jobs: Mapping[str, list[str]], *, mode: s
         return launch_job(cluster, jobs[name], job_name=name,
                           env={**(env or {}), "CROSSOVER_JOB": name}, log_dir=log_dir,
                           timeout_s=deadline - time.monotonic(),
-                          host_device_key=host_device_key)
+                          host_device_key=host_device_key, backend=backend)
 
     if mode == "concurrent":
         return wait_jobs([start(name) for name in jobs])

@@ -73,6 +73,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "for the group's other jobs.")
     define(flags.DEFINE_string, "lease_dir", "", "Directory of the lease segments, seen by "
            "every job of the group (empty: $CROSSOVER_LEASE_DIR, else /dev/shm).")
+    define(flags.DEFINE_enum, "backend", "horovod",
+           "Communication backend: Horovod (ranks from horovodrun) or TensorFlow's collectives "
+           "(ranks from TF_CONFIG, Slurm, or python -m crossover_tf.launch).",
+           enum_values=["horovod", "tensorflow"])
     define(flags.DEFINE_string, "horovod_timeline", "", "Write Horovod's timeline (rank 0, "
            "chrome://tracing JSON) to this file; analysis/horovod_timeline.py reads it.")
 
@@ -106,6 +110,10 @@ def validate(c: Any) -> None:
     config_lib.require(bool(c.job) and "/" not in c.job, f"bad job name {c.job!r}")
     config_lib.require(c.link_turn < 0 or bool(c.group),
                        "link_turn orders a crossover group's allreduces: set --group too")
+    config_lib.require(c.backend == "horovod" or (c.compression == "none"
+                                                  and not c.horovod_timeline),
+                       "--compression and --horovod_timeline are Horovod's; "
+                       "--backend=tensorflow has neither")
     _options(c)  # the strategy's option groups refuse what would be dropped or cannot work
 
 
@@ -214,13 +222,15 @@ def _options(c: types.SimpleNamespace) -> dict[str, Any]:
 
 
 def _strategy(c: types.SimpleNamespace) -> Any:
-    import horovod.tensorflow as hvd
-
     import crossover_tf
-    compression = hvd.Compression.fp16 if c.compression == "fp16" else hvd.Compression.none
-    return crossover_tf.CrossoverStrategy(
-        c.group, communication=crossover_tf.CommunicationOptions(compression=compression),
-        **_options(c))
+    if c.backend == "tensorflow":
+        communication = crossover_tf.CommunicationOptions(backend="tensorflow")
+    else:
+        import horovod.tensorflow as hvd
+        communication = crossover_tf.CommunicationOptions(
+            compression=hvd.Compression.fp16 if c.compression == "fp16"
+            else hvd.Compression.none)
+    return crossover_tf.CrossoverStrategy(c.group, communication=communication, **_options(c))
 
 
 def _compiled_model(c: types.SimpleNamespace, strategy: Any) -> Any:

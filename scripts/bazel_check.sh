@@ -117,7 +117,7 @@ try:
     device.acquire()
     held = device.stats().held
     seen = observer.observe(device.path)
-    device.release()
+    device.yield_device()
     stats = device.stats()
     assert held and stats.acquires == 1 and not stats.held, stats
     assert seen.holder is not None and seen.holder.usage.acquires == 1, seen

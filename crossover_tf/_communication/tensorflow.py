@@ -18,7 +18,7 @@ import copy
 import itertools
 import os
 import pickle
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -39,15 +39,38 @@ class ClusterError(RuntimeError):
 
 def default_resolver() -> Any:
     """TF_CONFIG's cluster when it is set (a TFJob or our launcher sets it), else Slurm's
-    when this process is a Slurm task, else None (a job of one rank)."""
-    from tensorflow.python.distribute.cluster_resolver import (SlurmClusterResolver,
-                                                               TFConfigClusterResolver)
+    when this process is a task of a Slurm step, else None (a job of one rank)."""
+    from tensorflow.python.distribute.cluster_resolver import TFConfigClusterResolver
     if os.environ.get("TF_CONFIG"):
         return TFConfigClusterResolver()
     if os.environ.get("SLURM_PROCID") is not None and os.environ.get("SLURM_STEP_NUM_TASKS"):
-        return SlurmClusterResolver(port_base=int(os.environ.get("CROSSOVER_TF_PORT_BASE",
-                                                                  "8888")))
+        return slurm_resolver(os.environ)
     return None
+
+
+def slurm_resolver(env: Mapping[str, str]) -> Any:
+    """SlurmClusterResolver for this step, set up for crossing:
+    - ports from slurm_port_base(), not its fixed 8888: the two jobs of a crossover pair run
+      on one node, and the second step's servers would fail to bind the first's ports;
+    - one "GPU" slot per task and auto_set_gpu off: its own GPU split needs at least one GPU
+      per task (zero GPUs, on a CPU node, is a division by zero in its range()), and the
+      strategy pins each rank's GPU itself, by local rank, as under Horovod."""
+    from tensorflow.python.distribute.cluster_resolver import SlurmClusterResolver
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
+        expand_tasks_per_node)
+    per_node = max(expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"]))
+    return SlurmClusterResolver(port_base=slurm_port_base(env), gpus_per_node=per_node,
+                                gpus_per_task=1, auto_set_gpu=False)
+
+
+def slurm_port_base(env: Mapping[str, str]) -> int:
+    """The first port of this step's tasks on each node: $CROSSOVER_TF_PORT_BASE, else one of
+    2,500 blocks of 16 ports in 20000-59999 picked by job and step id, so that every task of a
+    step computes the same one and two steps (two jobs of a pair) rarely meet."""
+    if env.get("CROSSOVER_TF_PORT_BASE"):
+        return int(env["CROSSOVER_TF_PORT_BASE"])
+    job, step = int(env.get("SLURM_JOB_ID", "0")), int(env.get("SLURM_STEP_ID", "0") or 0)
+    return 20000 + 16 * ((job * 31 + step) % 2500)
 
 
 class TensorFlowCommunicator(Communicator):

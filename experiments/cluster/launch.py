@@ -1,9 +1,11 @@
-"""Launches a Horovod-over-Gloo job, one rank per emulated host, and supervises it.
+"""Launches a job, one rank per emulated host, and supervises it.
 
-Horovod's own machinery does the distributed part: its host parsing and slot assignment, its
-rendezvous server (bound to the cluster's bridge address), and its run/slot environment variables.
-Only process start-up is ours, because each rank must start inside its host's namespace, pinned to
-its CPUs, in its own session (so the whole process group can be killed).
+With the horovod backend, Horovod's own machinery does the distributed part: its host parsing
+and slot assignment, its rendezvous server (bound to the cluster's bridge address), and its
+run/slot environment variables. With the tensorflow backend, each rank gets the TF_CONFIG of a
+cluster of the hosts' addresses, as a TFJob or crossover_tf.launch would write it. Only process
+start-up is ours, because each rank must start inside its host's namespace, pinned to its CPUs,
+in its own session (so the whole process group can be killed).
 """
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import os
 import pathlib
 import signal
 import subprocess
+import json
 import time
+import zlib
 from typing import Mapping, Sequence
 
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
@@ -44,10 +48,11 @@ class Rank:
 
 @dataclasses.dataclass
 class JobHandle:
-    """A running job: its ranks, its rendezvous server and its deadline."""
+    """A running job: its ranks, its rendezvous server (Horovod's; None for the tensorflow
+    backend) and its deadline."""
     name: str
     ranks: list[Rank]
-    rendezvous: BoundRendezvousServer
+    rendezvous: BoundRendezvousServer | None
     started_at: float
     deadline: float
     failed_rank: int | None = None
@@ -70,7 +75,8 @@ class JobHandle:
         if self._hook is not None:
             exit_hooks.unregister(self._hook)
             self._hook = None
-            self.rendezvous.stop()
+            if self.rendezvous is not None:
+                self.rendezvous.stop()
         if self.finished_at is None:
             self.finished_at = time.monotonic()
 
@@ -98,56 +104,81 @@ def terminate_ranks(ranks: Sequence[Rank], grace_s: float = TERMINATE_GRACE_S) -
             pass
 
 
-def rank_env(cluster: EmulatedCluster, host: Host, slot_info, rendezvous_port: int,
-             extra_env: Mapping[str, str], host_device_key: bool = True) -> dict[str, str]:
-    """Environment of one rank: caller's env, Horovod's Gloo run + slot vars, the host's
-    identity. With host_device_key the host's name is the rank's lease device key, so the
-    jobs' ranks on one emulated host pair; without it an inherited key is dropped too, and the
-    runtime keys the lease by the physical device (a real GPU), as a plain launch would."""
+def rank_env(host: Host, backend_env: Mapping[str, str], extra_env: Mapping[str, str],
+             host_device_key: bool = True) -> dict[str, str]:
+    """Environment of one rank: caller's env, the backend's (Horovod's Gloo run + slot vars,
+    or TF_CONFIG), the host's identity. With host_device_key the host's name is the rank's
+    lease device key, so the jobs' ranks on one emulated host pair; without it an inherited key
+    is dropped too, and the runtime keys the lease by the physical device (a real GPU), as a
+    plain launch would."""
     env = dict(os.environ)
     if not host_device_key:
         env.pop(DEVICE_KEY_ENV, None)
     env.update(extra_env)
-    env.update(create_run_env_vars(cluster.rendezvous_address, [host.iface], rendezvous_port))
-    env.update(create_slot_env_vars(slot_info))
+    env.update(backend_env)
     env.update({"CROSSOVER_HOST_INDEX": str(host.index), "PYTHONUNBUFFERED": "1"})
     if host_device_key:
         env[DEVICE_KEY_ENV] = host.name
     return {k: str(v) for k, v in env.items()}
 
 
-def launch_job(cluster: EmulatedCluster, command: Sequence[str], *, job_name: str,
-               env: Mapping[str, str] | None = None, log_dir: str | os.PathLike,
-               timeout_s: float, host_device_key: bool = True) -> JobHandle:
-    """Starts `command` once per host as one Horovod world; logs go to
-    <log_dir>/<job>/rank<k>.log. host_device_key: see rank_env."""
-    if not cluster.hosts:
-        raise RuntimeError("launch_job needs a started cluster (use `with EmulatedCluster(...)`)")
+def tf_config_port(job_name: str) -> int:
+    """The first port of a tensorflow-backend job's servers (rank k listens on it + k): fixed
+    by the job's name, so two jobs on one cluster (A and B) listen on different ports."""
+    return 21000 + 64 * (zlib.crc32(job_name.encode()) % 400)
+
+
+def backend_envs(cluster: EmulatedCluster, backend: str, job_name: str
+                 ) -> tuple[list[tuple[Host, dict[str, str]]], BoundRendezvousServer | None]:
+    """Each rank's host and backend environment, in rank order, and Horovod's rendezvous."""
+    if backend == "tensorflow":
+        port = tf_config_port(job_name)
+        workers = [f"{h.address}:{port + k}" for k, h in enumerate(cluster.hosts)]
+        return [(h, {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                              "task": {"type": "worker", "index": k}})})
+                for k, h in enumerate(cluster.hosts)], None
+    if backend != "horovod":
+        raise ValueError(f"backend must be 'horovod' or 'tensorflow', got {backend!r}")
     hosts_by_name = {h.name: h for h in cluster.hosts}
     plan = get_host_assignments(parse_hosts(",".join(f"{h.name}:1" for h in cluster.hosts)),
                                 len(cluster.hosts))
     rendezvous = BoundRendezvousServer(cluster.rendezvous_address)
     port = rendezvous.start()
     rendezvous.init(plan)
+    return [(hosts_by_name[slot.hostname],
+             {**create_run_env_vars(cluster.rendezvous_address,
+                                    [hosts_by_name[slot.hostname].iface], port),
+              **create_slot_env_vars(slot)}) for slot in plan], rendezvous
+
+
+def launch_job(cluster: EmulatedCluster, command: Sequence[str], *, job_name: str,
+               env: Mapping[str, str] | None = None, log_dir: str | os.PathLike,
+               timeout_s: float, host_device_key: bool = True,
+               backend: str = "horovod") -> JobHandle:
+    """Starts `command` once per host as one job of `backend` (a Horovod world, or a
+    TensorFlow cluster from TF_CONFIG); logs go to <log_dir>/<job>/rank<k>.log.
+    host_device_key: see rank_env."""
+    if not cluster.hosts:
+        raise RuntimeError("launch_job needs a started cluster (use `with EmulatedCluster(...)`)")
+    ranks, rendezvous = backend_envs(cluster, backend, job_name)
     job_dir = pathlib.Path(log_dir) / job_name
     job_dir.mkdir(parents=True, exist_ok=True)
     now = time.monotonic()
     handle = JobHandle(job_name, [], rendezvous, now, now + timeout_s)
     handle._hook = exit_hooks.register(handle.terminate)
     try:
-        for slot in plan:
-            host = hosts_by_name[slot.hostname]
+        for rank, (host, backend_env) in enumerate(ranks):
             argv = cluster.exec_prefix(host) + list(command)
-            log_path = job_dir / f"rank{slot.rank}.log"
+            log_path = job_dir / f"rank{rank}.log"
             with open(log_path, "w") as log:
-                log.write(f"# {job_name} rank {slot.rank} on {host.name} ({host.address}, "
+                log.write(f"# {job_name} rank {rank} on {host.name} ({host.address}, "
                           f"cpus {host.cpus}): {' '.join(argv)}\n")
                 log.flush()
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=rank_env(cluster, host, slot, port, env or {}, host_device_key),
+                    env=rank_env(host, backend_env, env or {}, host_device_key),
                     start_new_session=True)
-            handle.ranks.append(Rank(slot.rank, host, process, log_path))
+            handle.ranks.append(Rank(rank, host, process, log_path))
     except BaseException:
         handle.terminate()
         raise

@@ -76,7 +76,7 @@ def train_command(c: Any, job: str, group: str, model_dir: str, barrier: str,
         "global_batch_size": c.global_batch_size, "steps": steps or c.steps,
         "warmup_steps": c.warmup_steps, "learning_rate": c.learning_rate,
         "jit_compile": c.jit_compile, "model_dir": model_dir, "start_barrier": barrier,
-        **(extra or {})})
+        "backend": c.backend, **(extra or {})})
 
 
 def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: str = "",
@@ -113,7 +113,7 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
     results = launch_pair.run_jobs(cluster, commands,
                                    mode="concurrent" if concurrent else "sequential",
                                    log_dir=str(out / "logs" / run_name), timeout_s=c.timeout_s,
-                                   env=env)
+                                   env=env, backend=c.backend)
     if group:
         from experiments.cluster import remove_lease_segments
         remove_lease_segments([group])

@@ -17,7 +17,8 @@ MAX_SWEEP_POINTS = 8
 # train.py's flags every rank gets from the comparison (scenarios.train_command), with the
 # comparison's defaults (None: train.py's).
 TRAINING = {"model": "resnet20", "dataset": "synthetic:cifar10", "global_batch_size": 128,
-            "steps": 40, "warmup_steps": 10, "learning_rate": None, "jit_compile": None}
+            "steps": 40, "warmup_steps": 10, "learning_rate": None, "jit_compile": None,
+            "backend": None}
 # launch_pair.py's flags the comparison's cluster is built with, likewise.
 CLUSTER = {"bandwidth_mbit": None, "latency_ms": None, "num_hosts": None, "timeout_s": 900.0,
            "force_localhost": None}

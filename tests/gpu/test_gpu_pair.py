@@ -10,12 +10,13 @@ import pathlib
 import pytest
 from absl import flags
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+from horovod.runner.gloo_run import create_slot_env_vars
 
 from crossover_tf._setup.devices import DEVICE_KEY_ENV
 from experiments import config as config_lib
 from experiments import gpu_pair, launch_pair
 from experiments.cluster.launch import rank_env
-from experiments.cluster.netns import EmulatedCluster, Host
+from experiments.cluster.netns import Host
 
 
 def settings(**overrides) -> object:
@@ -95,7 +96,7 @@ def test_rank_env_sets_the_host_device_key_only_when_asked(
         monkeypatch.setenv(DEVICE_KEY_ENV, inherited)
     slot = get_host_assignments(parse_hosts("host0:1"), 1)[0]
     host = Host("host0", None, "127.0.0.1", "lo", "0", 0)
-    env = rank_env(EmulatedCluster(num_hosts=1), host, slot, 1234,
+    env = rank_env(host, create_slot_env_vars(slot),
                    {} if given is None else {DEVICE_KEY_ENV: given}, host_device_key)
     assert env.get(DEVICE_KEY_ENV) == expected
     assert env["HOROVOD_RANK"] == "0" and env["CROSSOVER_HOST_INDEX"] == "0"

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, horovodrun_command, run_alongside, run_bounded
+from conftest import BACKENDS, REPO_ROOT, launch_command, run_alongside, run_bounded
 from crossover_tf.profiling import phases as timeline
 from test_strategy import WORKER, _check, _load, assert_trains_like_reference
 
@@ -130,7 +130,8 @@ def _intervals(result: dict) -> np.ndarray:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env, backend):
     """Two crossed jobs (2 ranks each, two epochs: they leave and rejoin at the epoch's end)
     train like plain Keras; on each host their allreduces do not overlap (but for one per
     join), go in the same order on both hosts, and each sits between its compute and apply.
@@ -139,12 +140,12 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     args = ["--steps", str(STEPS), "--epochs", str(EPOCHS), "--barrier", f"{barrier}:4",
-            "--group", lease_group, "--jobs", "2", "--fit_only"]
+            "--group", lease_group, "--jobs", "2", "--fit_only", "--backend", backend]
     for result in run_alongside(
-            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                               "--link_turn", "0", *args),
-            horovodrun_command(2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
-                               "--link_turn", "1", *args), child_env, timeout=240):
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                           "--link_turn", "0", *args),
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
+                           "--link_turn", "1", *args), child_env, timeout=240):
         _check(result)
     _check(run_bounded([sys.executable, WORKER, str(tmp_path / "ref_RANK.json"), "--reference",
                         "--steps", str(STEPS), "--epochs", str(EPOCHS)], child_env, 240))

@@ -99,12 +99,14 @@ MIN_HANDOFFS = 10
 
 
 def train_command(job: str, group: str, model_dir: pathlib.Path, barrier: pathlib.Path,
-                  join_flags: bool = True, join_timeout_s: float = 120.0) -> list[str]:
-    """One small crossing job (one rank), its stats in <model_dir>/<job>/stats.json."""
+                  join_flags: bool = True, join_timeout_s: float = 120.0,
+                  *extra: str, processes: int = 2) -> list[str]:
+    """One small crossing job (one rank unless its launch starts more), its stats in
+    <model_dir>/<job>/stats.json; processes: how many, over both jobs, the barrier waits for."""
     command = [sys.executable, "-m", "experiments.train", f"--job={job}", f"--group={group}",
                "--model=small_cnn", f"--steps={STEPS}", "--warmup_steps=2",
                "--global_batch_size=16", "--jit_compile=false", "--threads=1",
-               f"--model_dir={model_dir}", f"--start_barrier={barrier}:2"]
+               f"--model_dir={model_dir}", f"--start_barrier={barrier}:{processes}", *extra]
     if join_flags:  # the join check (issue 21): how many jobs the group has, how long to wait
         command += ["--group_jobs=2", f"--join_timeout_s={join_timeout_s:g}"]
     return command

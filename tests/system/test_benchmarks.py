@@ -90,3 +90,21 @@ def test_lease_priority_prints_one_row_per_micro_batch_and_never_two_holders(chi
         assert solo > 0 and paired > 0 and 0.3 < ratio < 1.5, output
         assert 0 < share < 1 and overlaps == 0, output
         assert max_wait_ms < 1000, output  # the lease's 10 s timeout never came near
+
+
+@pytest.mark.netns
+def test_allreduce_backends_times_both_backends_on_the_emulated_link(child_env, tmp_path):
+    """Issue 33's side by side: a round times Horovod's and TensorFlow's allreduce on the same
+    shaped link, each no faster than the link allows, and prints their ratio."""
+    from experiments.cluster import shell
+    usable, reason = shell.netns_usable()
+    if not usable:
+        pytest.skip(f"needs root and ip netns: {reason}")
+    output = run_benchmark("allreduce_backends", child_env, tmp_path)
+    ((link_ms,),) = figures(rf"the link alone: {_NUMBER} ms", output)
+    ((horovod_ms, tensorflow_ms, ratio),) = figures(
+        rf"^round 0: horovod median {_NUMBER} ms, tensorflow median {_NUMBER} ms, "
+        rf"tensorflow / horovod {_NUMBER}$", output)
+    assert horovod_ms >= 0.9 * link_ms and tensorflow_ms >= 0.9 * link_ms, output
+    assert ratio == pytest.approx(tensorflow_ms / horovod_ms, rel=0.02), output  # ms rounded
+    assert "tensorflow / horovod allreduce time over 1 round(s)" in output

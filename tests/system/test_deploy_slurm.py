@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 JOB_SCRIPT = REPO_ROOT / "deploy" / "slurm" / "crossover_job.sbatch"
 STEPS_SCRIPT = REPO_ROOT / "deploy" / "slurm" / "crossover_steps.sbatch"
+TENSORFLOW_SCRIPT = REPO_ROOT / "deploy" / "slurm" / "crossover_tensorflow.sbatch"
 JOB_TIMEOUT_S = 300.0        # both jobs, start to end, on 2 shared cores
 JOIN_TIMEOUT_S = 10.0        # the failing pair: how long each job waits for its peer
 START_SLACK_S = 90.0         # TensorFlow import and model build before the join check
@@ -144,6 +145,26 @@ def test_slurm_steps_recipe_crosses(slurm_cluster: SlurmCluster) -> None:
         env[f"CROSSOVER_COMMAND_{job}"] = " ".join(
             train_command(job, group, run_dir / "model", run_dir / "barrier"))
     _assert_steps_cross(slurm_cluster, group, run_dir, env, str(STEPS_SCRIPT))
+
+
+def test_slurm_tensorflow_recipe_crosses_two_rank_jobs_without_horovod(
+        slurm_cluster: SlurmCluster) -> None:
+    """deploy/slurm/crossover_tensorflow.sbatch (issue 33): two jobs of two ranks each, their
+    ranks started by srun and found by SlurmClusterResolver, cross on the node's devices."""
+    group = f"s{uuid.uuid4().hex[:10]}"
+    run_dir = slurm_cluster.base / "runs" / group
+    run_dir.mkdir(parents=True)
+    env = job_env(REPO_ROOT, None)
+    for job in ("A", "B"):
+        env[f"CROSSOVER_COMMAND_{job}"] = " ".join(train_command(
+            job, group, run_dir / "model", run_dir / "barrier", True, 120.0,
+            "--backend=tensorflow", processes=4))
+    _assert_steps_cross(slurm_cluster, group, run_dir, env, str(TENSORFLOW_SCRIPT))
+    for job in ("A", "B"):  # each job had two ranks, one per device (cpu0, cpu1)
+        stats = [json.loads((run_dir / "model" / job / name).read_text())
+                 for name in ("stats.json", "stats.rank1.json")]
+        assert [(s["rank"], s["size"]) for s in stats] == [(0, 2), (1, 2)], stats
+        assert stats[0]["device_key"] != stats[1]["device_key"], stats
 
 
 def test_planner_launch_line_runs_as_written(slurm_cluster: SlurmCluster) -> None:

@@ -4,6 +4,7 @@ localhost fallback works. Namespace tests need root and `ip netns`; they skip wi
 from __future__ import annotations
 
 import ipaddress
+import json
 import pathlib
 import re
 import signal
@@ -48,6 +49,20 @@ RANK_SCRIPT = textwrap.dedent("""
     print(f"RESULT rank={hvd.rank()} size={hvd.size()} sum={float(total.numpy()[0]):g} "
           f"key={os.environ['CROSSOVER_DEVICE_KEY']} "
           f"addr={socket.gethostbyname(socket.gethostname())}", flush=True)
+""")
+# The same rank through TensorFlow's collectives (issue 33): its cluster from TF_CONFIG.
+TF_RANK_SCRIPT = textwrap.dedent("""
+    import json, os, socket, sys
+    sys.path.insert(0, os.environ["CROSSOVER_REPO"])
+    from crossover_tf._communication.tensorflow import TensorFlowCommunicator
+    comm = TensorFlowCommunicator(timeout_s=30)
+    comm.start()
+    import tensorflow as tf
+    (total,) = comm.allreduce([tf.constant([float(comm.rank + 1)])], mean=False, name="sum")
+    address = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][comm.rank]
+    print(f"RESULT rank={comm.rank} size={comm.size} sum={float(total.numpy()[0]):g} "
+          f"key={os.environ['CROSSOVER_DEVICE_KEY']} addr={address.rsplit(':', 1)[0]}",
+          flush=True)
 """)
 RESULT_RE = re.compile(r"RESULT rank=(\d+) size=(\d+) sum=(\S+) key=(\S+) addr=(\S+)")
 
@@ -210,6 +225,20 @@ def test_horovod_gloo_job_across_namespaces(shaped_cluster, rank_script, tmp_pat
 
 @netns_test
 @pytest.mark.multiprocess
+def test_tensorflow_collectives_job_across_namespaces(shaped_cluster, tmp_path):
+    """--backend=tensorflow on the emulated cluster: each rank's TF_CONFIG names the hosts'
+    addresses, and the allreduce crosses the shaped link between the namespaces."""
+    script = tmp_path / "tf_allreduce.py"
+    script.write_text(TF_RANK_SCRIPT)
+    job = launch_job(shaped_cluster, [sys.executable, str(script)], job_name="tf",
+                     env={"CROSSOVER_REPO": str(REPO_ROOT)}, log_dir=tmp_path,
+                     timeout_s=JOB_TIMEOUT_S, backend="tensorflow")
+    assert job.rendezvous is None
+    assert_allreduce_ok(wait_jobs([job])["tf"], shaped_cluster)
+
+
+@netns_test
+@pytest.mark.multiprocess
 def test_two_jobs_concurrently_on_same_hosts(shaped_cluster, rank_script, tmp_path):
     jobs = [launch_job(shaped_cluster, [sys.executable, rank_script], job_name=name, env={},
                        log_dir=tmp_path, timeout_s=JOB_TIMEOUT_S) for name in ("A", "B")]
@@ -361,3 +390,25 @@ def test_subnets_in_use_include_a_cluster_bridge():
     with EmulatedCluster(num_hosts=1) as cluster:
         assert cluster.subnet.network in subnets.networks_in_use()
     assert cluster.subnet is None
+
+
+@netns_test
+@pytest.mark.multiprocess
+def test_train_pair_crosses_with_tensorflow_collectives_across_namespaces(lease_group,
+                                                                          tmp_path):
+    """launch_pair --backend=tensorflow with train.py --backend=tensorflow (issue 33): two
+    two-rank jobs, each rank's TF_CONFIG naming the emulated hosts, cross on each host."""
+    from experiments.cluster.launch import tf_config_port
+    assert tf_config_port("A") != tf_config_port("B")  # two jobs' servers on one host
+    job = (f"python -m experiments.train --backend=tensorflow --group={lease_group} "
+           f"--group_jobs=2 --model=mlp --dataset=synthetic:mnist --steps=30 --warmup_steps=5 "
+           f"--global_batch_size=32 --model_dir={tmp_path / 'model'}")
+    result = launch_pair.run(overrides={
+        "job_a": f"{job} --job=A", "job_b": f"{job} --job=B", "mode": "concurrent",
+        "backend": "tensorflow", "bandwidth_mbit": SHAPED_MBIT, "log_dir": str(tmp_path),
+        "timeout_s": JOB_TIMEOUT_S})
+    assert result["ok"], result
+    for name in ("A", "B"):
+        stats = json.loads((tmp_path / "model" / name / "stats.json").read_text())
+        assert stats["size"] == 2 and stats["lease"]["acquires"] == 2 * 30, stats["lease"]
+        assert stats["lease"]["handoffs"] > 0, stats["lease"]

@@ -23,7 +23,10 @@ K8S_DRA = DEPLOY / "kubernetes" / "pods-dra-shared-claim.yaml"
 K8S_TIME_SLICING = DEPLOY / "kubernetes" / "pods-time-slicing.yaml"
 SLURM_JOB = DEPLOY / "slurm" / "crossover_job.sbatch"
 SLURM_STEPS = DEPLOY / "slurm" / "crossover_steps.sbatch"
-RECIPES = [COMPOSE, K8S_DRA, K8S_TIME_SLICING, SLURM_JOB, SLURM_STEPS]
+K8S_TFJOBS = DEPLOY / "kubernetes" / "tfjobs-shared-gpu.yaml"
+SLURM_TENSORFLOW = DEPLOY / "slurm" / "crossover_tensorflow.sbatch"
+RECIPES = [COMPOSE, K8S_DRA, K8S_TIME_SLICING, K8S_TFJOBS, SLURM_JOB, SLURM_STEPS,
+           SLURM_TENSORFLOW]
 PRIVATE_DIRS = ("/tmp", "/dev/shm")  # private per container / per job_container/tmpfs job
 
 
@@ -138,6 +141,43 @@ def test_kubernetes_time_slicing_pods_pin_one_node_and_one_replica_each() -> Non
     for pod in pods:
         (container,) = pod["spec"]["containers"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_tfjobs_share_one_claim_and_lease_dir_and_use_tensorflow_collectives() -> None:
+    """Issue 33's Kubeflow recipe: the operator writes TF_CONFIG; the jobs must choose the
+    tensorflow backend, and share one GPU (one claim) and one host lease directory."""
+    docs = [d for d in yaml.safe_load_all(K8S_TFJOBS.read_text()) if d]
+    jobs = [d for d in docs if d["kind"] == "TFJob"]
+    (claim,) = [d for d in docs if d["kind"] == "ResourceClaim"]
+    assert len(jobs) == 2 and all(j["apiVersion"] == "kubeflow.org/v1" for j in jobs)
+    pods = []
+    for job in jobs:
+        (kind,) = job["spec"]["tfReplicaSpecs"]
+        replicas = job["spec"]["tfReplicaSpecs"][kind]
+        assert kind == "Worker" and replicas["replicas"] == 1, replicas
+        template = replicas["template"]
+        (ref,) = template["spec"]["resourceClaims"]
+        assert ref["resourceClaimName"] == claim["metadata"]["name"], ref
+        (container,) = template["spec"]["containers"]
+        assert container["name"] == "tensorflow"  # the container the operator gives TF_CONFIG
+        assert "--backend=tensorflow" in container["command"], container["command"]
+        assert [c["name"] for c in container["resources"]["claims"]] == [ref["name"]]
+        pods.append({"metadata": job["metadata"], **template})
+    _check_pods_share_lease_dir(pods)
+
+
+def test_slurm_tensorflow_script_runs_both_jobs_over_every_task_with_overlap() -> None:
+    checked = subprocess.run(["bash", "-n", str(SLURM_TENSORFLOW)], capture_output=True,
+                             text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr
+    text = SLURM_TENSORFLOW.read_text()
+    assert any(ln.startswith("#SBATCH --mem=") for ln in text.splitlines())
+    srun = [shlex.split(ln.strip().rstrip("&")) for ln in text.splitlines()
+            if ln.strip().startswith("srun ")]
+    assert len(srun) == 2 and all("--overlap" in s for s in srun), srun
+    assert all('--ntasks="$ntasks"' in ln for ln in text.splitlines()
+               if ln.strip().startswith("srun ")), srun
+    assert "--backend=tensorflow" in text.split("#SBATCH")[0]
 
 
 @pytest.mark.parametrize("path", [SLURM_JOB, SLURM_STEPS], ids=lambda p: p.name)

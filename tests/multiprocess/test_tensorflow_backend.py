@@ -1,0 +1,83 @@
+"""The tensorflow communication backend's own behaviour (issue 33): how it reads its cluster,
+what it refuses, and that a peer that dies or stops fails the job instead of hanging it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import WORKERS
+from crossover_tf import CommunicationOptions
+from crossover_tf.launch import free_ports, tf_configs
+
+WORKER = str(WORKERS / "collective_worker.py")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "mpi"}, "backend must be one of"),
+    ({"backend": "tensorflow", "compression": object()}, "compression is Horovod's"),
+    ({"cluster_resolver": object()}, "cluster_resolver is for backend='tensorflow'"),
+    ({"backend": "tensorflow", "collective_timeout_s": 0}, "timeout"),
+])
+def test_communication_options_refuse_settings_of_the_other_backend(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CommunicationOptions(**kwargs)
+
+
+def test_slurm_ports_are_the_same_for_a_steps_tasks_and_differ_between_steps():
+    from crossover_tf._communication.tensorflow import slurm_port_base
+    step0 = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}
+    assert slurm_port_base(step0) == slurm_port_base(dict(step0))
+    assert slurm_port_base(step0) != slurm_port_base({**step0, "SLURM_STEP_ID": "1"})
+    assert 20000 <= slurm_port_base(step0) <= 60000 - 16
+    assert slurm_port_base({**step0, "CROSSOVER_TF_PORT_BASE": "31000"}) == 31000
+
+
+def test_local_coordinates_count_the_ranks_on_this_rank_host():
+    import tensorflow as tf
+    from crossover_tf._communication.tensorflow import _local_coordinates
+    spec = tf.train.ClusterSpec({"worker": ["a:1", "b:1", "a:2", "b:2", "a:3"]})
+    assert [_local_coordinates(spec, r) for r in range(5)] == [(0, 3), (0, 2), (1, 3),
+                                                               (1, 2), (2, 3)]
+
+
+def _run_pair(tmp_path, *flags: str) -> tuple[list[dict], float]:
+    """Two ranks started directly with their TF_CONFIG (no launcher stopping the survivor)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    procs = [subprocess.Popen([sys.executable, WORKER, str(tmp_path / "r_RANK.json"), *flags],
+                              env={**env, "TF_CONFIG": config}, start_new_session=True)
+             for config in tf_configs("127.0.0.1", free_ports("127.0.0.1", 2))]
+    start = time.monotonic()
+    try:
+        procs[0].wait(timeout=120)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            proc.wait()
+    return json.loads((tmp_path / "r_0.json").read_text()), time.monotonic() - start
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_ranks_average_over_tensorflow_collectives(tmp_path):
+    record, _ = _run_pair(tmp_path)
+    assert (record["size"], record["steps"], record["error"]) == (2, 20, None)
+    assert record["value"] == pytest.approx(1.5)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("peer, error, at_least_s", [("exit", "UnavailableError", 0.0),
+                                                     ("stop", "DeadlineExceededError", 8.0)])
+def test_a_peer_that_dies_or_stops_fails_the_collective_instead_of_hanging(
+        tmp_path, peer, error, at_least_s):
+    """A dead peer resets the connection at once; a stopped one (no process exit to see) is
+    caught by the collective's timeout (--timeout_s 10), never a wait without end."""
+    record, _ = _run_pair(tmp_path, "--peer", peer, "--timeout_s", "10")
+    assert record["steps"] == 5 and record["error"] == error, record
+    assert at_least_s <= record["elapsed_s"] < 60, record

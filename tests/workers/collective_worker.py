@@ -1,0 +1,52 @@
+"""One rank of a TensorFlow-collectives job for tests/multiprocess/test_tensorflow_backend.py:
+allreduces in a loop through the runtime's communicator; rank 1 dies (or stops) at step 5 when
+asked, and rank 0 reports how its collective ended and after how long.
+
+  collective_worker.py OUT [--peer exit|stop] [--timeout_s T]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from crossover_tf._communication.tensorflow import TensorFlowCommunicator  # noqa: E402
+
+FAIL_AT = 5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--peer", choices=["exit", "stop"], default=None)
+    parser.add_argument("--timeout_s", type=float, default=10.0)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    comm = TensorFlowCommunicator(timeout_s=args.timeout_s)
+    comm.start()
+    import tensorflow as tf
+    step = tf.function(lambda t: comm.allreduce([t], mean=True, name="grads")[0])
+    record = {"rank": comm.rank, "size": comm.size, "steps": 0, "error": None}
+    start = time.monotonic()
+    for i in range(args.steps):
+        if args.peer and comm.rank == 1 and i == FAIL_AT:
+            if args.peer == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            os._exit(9)
+        try:
+            value = float(step(tf.fill([1000], float(comm.rank + 1))).numpy()[0])
+        except tf.errors.OpError as err:
+            record["error"] = type(err).__name__
+            break
+        record["steps"], record["value"] = i + 1, value
+    record["elapsed_s"] = time.monotonic() - start
+    with open(args.out.replace("RANK", str(comm.rank)), "w") as f:
+        json.dump(record, f)
+
+
+if __name__ == "__main__":
+    main()
