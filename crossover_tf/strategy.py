@@ -20,7 +20,7 @@ from crossover_tf import callbacks, options
 from crossover_tf._hold import custom_loop
 from crossover_tf._keras import hooks as keras_hooks
 from crossover_tf import lease as lease_lib
-from crossover_tf._communication.communicator import Communicator
+from crossover_tf._communication import communicator_for
 from crossover_tf._setup.extended import CrossoverExtended, bring_up
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
@@ -67,7 +67,7 @@ class CrossoverStrategy:
         if link_turn is not None:
             _checked("link_turn", link_turn, LinkTurnOptions)
         options.check_combination(group, lease, link_turn)
-        self._comm = _communicator(communication)
+        self._comm = communicator_for(communication)
         self._extended = bring_up(group, lease, link_turn, device, communication, self._comm)
         if self.extended.lease is not None:
             keras_hooks.guard_fit()  # a fit that fails between steps must still leave
@@ -259,20 +259,3 @@ def _checked(name: str, value: _Options | None, kind: type[_Options]) -> _Option
         raise TypeError(f"crossover_tf: CrossoverStrategy's {name} takes a "
                         f"crossover_tf.{kind.__name__}, got {type(value).__name__}")
     return value
-
-
-def _communicator(communication: CommunicationOptions) -> Communicator:
-    """The job's communicator, from the backend chosen (communicator.py says what each
-    provides). Each backend's library is imported only when chosen: Horovod is optional."""
-    if communication.backend == "tensorflow":
-        from crossover_tf._communication.tensorflow import TensorFlowCommunicator
-        return TensorFlowCommunicator(communication.cluster_resolver,
-                                      communication.collective_timeout_s)
-    try:
-        from crossover_tf._communication.horovod import HorovodCommunicator
-    except ImportError as err:
-        raise ImportError(
-            f"crossover_tf: the horovod backend needs Horovod 0.28.1 ({err}); install it with "
-            "`pip install 'crossover_tf[horovod]'` (a patched source build: bash "
-            "scripts/install.sh), or use CommunicationOptions(backend='tensorflow')") from None
-    return HorovodCommunicator(communication.compression, communication.init_horovod)

@@ -24,11 +24,13 @@ def measure_comm_costs(c: Any, out: pathlib.Path, bandwidth: float | None,
     megabytes = fit["per_mbit_s"] / 8 if fit else comm_cpu.DEFAULT_MB
     try:
         measured = comm_cpu.measure(bandwidth, megabytes=megabytes, num_hosts=c.num_hosts,
-                                    log_dir=str(out / "logs" / "comm_cpu"))
+                                    log_dir=str(out / "logs" / "comm_cpu"),
+                                    backend=c.backend)
         contention = comm_cpu.measure_contention(bandwidth, megabytes=megabytes,
                                                  seconds=c.contention_probe_seconds,
                                                  num_hosts=c.num_hosts,
-                                                 log_dir=str(out / "logs" / "contention"))
+                                                 log_dir=str(out / "logs" / "contention"),
+                                                 backend=c.backend)
     except comm_cpu.NotShaped as err:
         logging.warning("comm costs not measured (the planner assumes none): %s", err)
         return dict(NONE)

@@ -49,6 +49,7 @@ DEFAULT_MB = 4.0  # allreduce size when the job's own is unknown (the cost is pe
 MAX_ALLREDUCES = 2000
 MIN_OVERLAP_ALLREDUCES = 3  # sharing needs the two jobs together for this many solo allreduces
 MAX_BUSY_S = 600.0  # a busy loop ends by itself even if its rank is killed
+BACKEND_ENV = "CROSSOVER_PROBE_BACKEND"  # the probe ranks' communication backend
 
 
 class NotShaped(RuntimeError):
@@ -66,15 +67,19 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
     another job); `gap_s`: the allreduce time those gaps and the run's length are sized by
     (default: this job's own, from its warm-up; give two jobs the same one and they run the
     same number of allreduces over the same stretch); `busy_core`: a busy loop shares the
-    rank's core while it times."""
-    import horovod.tensorflow as hvd
+    rank's core while it times. The allreduces go through the runtime's communicator, of the
+    backend in $CROSSOVER_PROBE_BACKEND (horovod by default), as a training job's do."""
+    from crossover_tf._communication import communicator_for
+    from crossover_tf.options import CommunicationOptions
+    from crossover_tf.profiling import process_cpu_s as _cpu_s  # all threads: the backend's too
+
+    comm = communicator_for(CommunicationOptions(
+        backend=os.environ.get(BACKEND_ENV, "horovod")))
+    comm.start()
     import tensorflow as tf
-
-    from crossover_tf.profiling import process_cpu_s as _cpu_s  # all threads: Horovod's, Gloo's
-
-    hvd.init()
     tensor = tf.ones([max(1, int(megabytes * 2**20 / 4))], tf.float32)
-    allreduce = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum, name="comm_cpu_probe"))
+    allreduce = tf.function(
+        lambda t: comm.allreduce([t], mean=False, name="comm_cpu_probe")[0])
     warm_up_s = []
     for _ in range(3):  # warm-up: graph tracing, Gloo's connections; sizes the timed run
         start = time.perf_counter()
@@ -82,13 +87,12 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
         warm_up_s.append(time.perf_counter() - start)
     # Every rank must run the same allreduces: agree on the slowest rank's allreduce time
     # once traced and connected (the first warm-up does both).
-    per_allreduce = float(hvd.allreduce(tf.constant(min(warm_up_s[1:])), op=hvd.Max,
-                                        name="comm_cpu_time"))
+    per_allreduce = max(comm.gather(min(warm_up_s[1:])))
     sized_by = gap_s or per_allreduce
     gaps = _gaps(sized_by if random_gaps else 0.0, seconds, sized_by)
     if start_barrier:
         from experiments.barrier import wait_at_barrier
-        wait_at_barrier(start_barrier, f"rank{hvd.rank()}-pid{os.getpid()}")
+        wait_at_barrier(start_barrier, f"rank{comm.rank}-pid{os.getpid()}")
     spans_s = []
     with _busy_loop(busy_core):
         wall0, cpu0 = time.perf_counter(), _cpu_s()
@@ -102,12 +106,12 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
     wall -= sum(gaps)
     small = tf.ones([1], tf.float32)
     allreduce(small).numpy()  # line the ranks up before the idle probe
-    if hvd.rank() != 0:
+    if comm.rank != 0:
         time.sleep(idle_s)
     wall1, cpu1 = time.perf_counter(), _cpu_s()
     allreduce(small).numpy()
     idle_wall, idle_cpu = time.perf_counter() - wall1, _cpu_s() - cpu1
-    if hvd.rank() == 0:
+    if comm.rank == 0:
         pathlib.Path(out).write_text(json.dumps({
             "megabytes": tensor.shape[0] * 4 / 2**20, "allreduces": count,
             "wall_s_per_allreduce": wall / count, "cpu_s_per_allreduce": cpu / count,
@@ -145,7 +149,8 @@ def _busy_loop(enabled: bool) -> Iterator[None]:
 def _run_probes(cluster: Any, names: Sequence[str], megabytes: float, seconds: float,
                 idle_s: float, *, tmp: pathlib.Path, log_dir: str, timeout_s: float,
                 env: Mapping[str, str], random_gaps: bool = False, busy_core: bool = False,
-                gap_s: float | None = None) -> dict[str, dict[str, Any]]:
+                gap_s: float | None = None, backend: str = "horovod"
+                ) -> dict[str, dict[str, Any]]:
     """Runs one probe job per name at once on `cluster` (their timed allreduces starting
     together); rank 0's measurements per job (worker's `random_gaps`, `busy_core` and
     `gap_s`)."""
@@ -157,7 +162,8 @@ def _run_probes(cluster: Any, names: Sequence[str], megabytes: float, seconds: f
                        "" if gap_s is None else repr(gap_s)]
                 for name in names}
     results = launch_pair.run_jobs(cluster, commands, mode="concurrent", log_dir=log_dir,
-                                   timeout_s=timeout_s, env=env)
+                                   timeout_s=timeout_s, env={**env, BACKEND_ENV: backend},
+                                   backend=backend)
     launch_pair.raise_on_failure(results, "comm probe")
     return {name: json.loads((tmp / f"{name}.json").read_text()) for name in names}
 
@@ -174,8 +180,8 @@ def _shaped_cluster(bandwidth_mbit: float, num_hosts: int) -> Iterator[Any]:
 
 def measure(bandwidth_mbit: float, megabytes: float = DEFAULT_MB, seconds: float = 10.0,
             idle_s: float = 3.0, num_hosts: int = 2, timeout_s: float = 180.0,
-            log_dir: str = "runs/plan/comm_cpu", cycle_time_ms: float | None = None
-            ) -> CommCpu:
+            log_dir: str = "runs/plan/comm_cpu", cycle_time_ms: float | None = None,
+            backend: str = "horovod") -> CommCpu:
     """Runs the probe as one rank per host of an emulated cluster at `bandwidth_mbit`
     (with HOROVOD_CYCLE_TIME=`cycle_time_ms` when given: the cycle sets the polling cost)."""
     if seconds < MIN_RUN_S or idle_s < MIN_RUN_S / 2:
@@ -184,7 +190,8 @@ def measure(bandwidth_mbit: float, megabytes: float = DEFAULT_MB, seconds: float
     env = {} if cycle_time_ms is None else {"HOROVOD_CYCLE_TIME": f"{cycle_time_ms:g}"}
     with tempfile.TemporaryDirectory() as tmp, _shaped_cluster(bandwidth_mbit, num_hosts) as c:
         probe = _run_probes(c, ["comm_cpu"], megabytes, seconds, idle_s, tmp=pathlib.Path(tmp),
-                            log_dir=log_dir, timeout_s=timeout_s, env=env)["comm_cpu"]
+                            log_dir=log_dir, timeout_s=timeout_s, env=env,
+                            backend=backend)["comm_cpu"]
     probe = {k: v for k, v in probe.items() if k != "spans_s"}
     return dataclasses.replace(fit(probe), bandwidth_mbit=bandwidth_mbit)
 
@@ -220,14 +227,15 @@ def _allreduces_within(spans_s: Sequence[Sequence[float]], start: float, end: fl
 
 def measure_sharing(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
                     seconds: float = 15.0, num_hosts: int = 2, timeout_s: float = 300.0,
-                    log_dir: str = "runs/plan/link_sharing") -> dict[str, Any]:
+                    log_dir: str = "runs/plan/link_sharing", backend: str = "horovod"
+                    ) -> dict[str, Any]:
     """One probe job alone, then two at once from a shared start, on one emulated cluster at
     `bandwidth_mbit`: ``sharing`` of the two against the one."""
     if seconds < MIN_RUN_S:
         raise ValueError(f"probe too short to measure: seconds >= {MIN_RUN_S}")
     with tempfile.TemporaryDirectory() as tmp, _shaped_cluster(bandwidth_mbit, num_hosts) as c:
         kwargs = {"tmp": pathlib.Path(tmp), "log_dir": log_dir, "timeout_s": timeout_s,
-                  "env": {}}
+                  "env": {}, "backend": backend}
         solo = _run_probes(c, ["link_solo"], megabytes, seconds, MIN_RUN_S / 2,
                            **kwargs)["link_solo"]
         # Both jobs run the same count, sized by the solo time (not by their own warm-ups,
@@ -240,7 +248,8 @@ def measure_sharing(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
 
 def measure_contention(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
                        seconds: float = 20.0, num_hosts: int = 2, timeout_s: float = 300.0,
-                       log_dir: str = "runs/plan/contention") -> LinkContention:
+                       log_dir: str = "runs/plan/contention", backend: str = "horovod"
+                       ) -> LinkContention:
     """The planner's LinkContention on one emulated cluster at `bandwidth_mbit` (module
     docstring): a gapped job alone, alone beside a busy loop, and two gapped jobs at once
     (about a minute and a half)."""
@@ -248,7 +257,7 @@ def measure_contention(bandwidth_mbit: float, megabytes: float = DEFAULT_MB,
         raise ValueError(f"probe too short to measure: seconds >= {MIN_RUN_S}")
     with tempfile.TemporaryDirectory() as tmp, _shaped_cluster(bandwidth_mbit, num_hosts) as c:
         kwargs = {"tmp": pathlib.Path(tmp), "log_dir": log_dir, "timeout_s": timeout_s,
-                  "env": {}, "random_gaps": True}
+                  "env": {}, "random_gaps": True, "backend": backend}
         alone = _run_probes(c, ["gapped_solo"], megabytes, seconds, MIN_RUN_S / 2,
                             **kwargs)["gapped_solo"]
         # The later runs are sized by the solo allreduce, not by each job's noisy warm-up, so

@@ -536,6 +536,31 @@ def test_compare_end_to_end_on_the_tiniest_model(tiniest_comparison):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+def test_compare_end_to_end_under_the_tensorflow_backend(tmp_path):
+    """compare --backend=tensorflow (issue 33): every scenario's ranks and the comm probes run
+    on TensorFlow's collectives, launched with TF_CONFIG on the emulated hosts; the link turns
+    still order the two jobs' allreduces."""
+    compare.define_flags()
+    steps = 150
+    compare.run(overrides={
+        **TINIEST_COMPARISON, "steps": steps, "scenarios": ["sequential", "crossover_turn"],
+        "horovod_timelines": False, "backend": "tensorflow", "out_dir": str(tmp_path)})
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["settings"]["backend"] == "tensorflow"
+    turned = saved["scenarios"]["crossover_turn"]["jobs"]
+    for job in ("A", "B"):
+        assert turned[job]["size"] == 2 and turned[job]["turn"]["turns"] == steps, turned[job]
+    for value in saved["ratios"].values():
+        assert math.isfinite(value) and value > 0
+    if saved["settings"]["cluster"]["emulated"]:  # the probes ran (root): on the same backend
+        assert saved["regime"]["comm_cpu"]["probe"]["allreduces"] > 0
+        assert saved["regime"]["link_contention"]["shared_efficiency"] > 0
+    header = (tmp_path / "logs" / "t0_crossover_turn" / "A" / "rank0.log").read_text()
+    assert "--backend=tensorflow" in header.splitlines()[0], header[:2000]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_compare_end_to_end_measures_the_shaped_links(tiniest_comparison):
     """The same comparison's root-only part: on shaped links the CPU and contention probes
     ran, and Horovod's timelines split each allreduce."""

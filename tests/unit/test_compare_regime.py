@@ -303,11 +303,11 @@ def fake_runs(monkeypatch):
         stats = _scenario_stats(COMPUTE_S, comm_s, 1.4 + 0.2 * ((trial + 1) % 3 - 1))[name]
         return {job: stats[job] for job in jobs}
 
-    def measure(bandwidth, megabytes, num_hosts, log_dir):
+    def measure(bandwidth, megabytes, num_hosts, log_dir, backend):
         calls.append(f"comm_cpu@{bandwidth:.4g}mbit:{megabytes:.4g}MB")
         return CommCpu(cpu_per_wait_s=0.05, cpu_s_per_mb=0.004, bandwidth_mbit=bandwidth)
 
-    def measure_contention(bandwidth, megabytes, seconds, num_hosts, log_dir):
+    def measure_contention(bandwidth, megabytes, seconds, num_hosts, log_dir, backend):
         calls.append(f"contention@{bandwidth:.4g}mbit:{megabytes:.4g}MB")
         return LinkContention(shared_efficiency=0.85, compute_slowdown=1.05,
                               bandwidth_mbit=bandwidth)
@@ -756,7 +756,7 @@ def test_scenario_env_reaches_every_rank_of_the_env_scenarios_only(monkeypatch, 
     class Stop(Exception):
         pass
 
-    def run_jobs(cluster, commands, *, mode, log_dir, timeout_s, env=None):
+    def run_jobs(cluster, commands, *, mode, log_dir, timeout_s, env=None, backend="horovod"):
         group = next(a for a in commands["A"] if a.startswith("--group="))
         seen[pathlib.Path(log_dir).name] = (mode, env, group != "--group=")
         raise Stop
@@ -766,7 +766,7 @@ def test_scenario_env_reaches_every_rank_of_the_env_scenarios_only(monkeypatch, 
         "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 8, "steps": 12,
         "warmup_steps": 2, "learning_rate": 0.01, "jit_compile": False, "num_hosts": 2,
         "timeout_s": 10.0, "scenario_env": ["HOROVOD_CYCLE_TIME=5", "X_Y=a=b"],
-        "secondary_micro_batches": 1, "horovod_timelines": False})()
+        "secondary_micro_batches": 1, "horovod_timelines": False, "backend": "horovod"})()
     for name in ("naive", "naive_env", "crossover", "crossover_env"):
         with pytest.raises(Stop):
             scenarios.run_scenario(None, settings, name, tmp_path)
