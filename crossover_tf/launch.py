@@ -7,11 +7,14 @@ TFJob) or Slurm's resolver instead.
 
 Each task's output lines are prefixed with its rank. When one task fails, the others are
 stopped (a peer left in a collective would wait for its timeout); past --timeout_s all are
-killed and the exit status is 124, as timeout(1)'s.
+killed and the exit status is 124, as timeout(1)'s. A task killed by a signal gives 128 + its
+number, as a shell reports it. The tasks die with the launcher, however it ends (SIGTERM,
+SIGKILL): each asks the kernel for SIGKILL when its parent dies.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -24,6 +27,7 @@ from typing import IO, Sequence
 
 TIMED_OUT = 124
 _GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def free_ports(address: str, count: int) -> list[int]:
@@ -45,6 +49,20 @@ def tf_configs(address: str, ports: Sequence[int]) -> list[str]:
     cluster = {"worker": [f"{address}:{port}" for port in ports]}
     return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
             for i in range(len(ports))]
+
+
+def _die_with_parent() -> None:
+    """In the task, before exec: SIGKILL when the launcher dies (even by SIGKILL, which runs
+    none of its own clean-up), so that no rank outlives it holding ports and a lease."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # runs run()'s finally: the tasks are stopped
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _forward(stream: IO[str], rank: int, out: IO[str]) -> None:
@@ -74,7 +92,8 @@ def run(command: Sequence[str], num_proc: int, address: str = "127.0.0.1",
     for rank, config in enumerate(tf_configs(address, free_ports(address, num_proc))):
         proc = subprocess.Popen(list(command), env={**base, "TF_CONFIG": config},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                errors="replace", start_new_session=True,
+                                preexec_fn=_die_with_parent)
         thread = threading.Thread(target=_forward, args=(proc.stdout, rank, sys.stdout),
                                   daemon=True)
         thread.start()
@@ -84,7 +103,7 @@ def run(command: Sequence[str], num_proc: int, address: str = "127.0.0.1",
     status = 0
     try:
         while [p.poll() for p in procs].count(None):  # polls every task (any() stops early)
-            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+            failed = [_status(p.returncode) for p in procs if p.returncode not in (None, 0)]
             if failed and not status:
                 status = failed[0]
                 _stop(procs, signal.SIGTERM)
@@ -103,7 +122,7 @@ def run(command: Sequence[str], num_proc: int, address: str = "127.0.0.1",
             proc.wait()
         for thread in threads:
             thread.join(timeout=_GRACE_S)
-    return status or next((p.returncode for p in procs if p.returncode), 0)
+    return status or next((_status(p.returncode) for p in procs if p.returncode), 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGHUP, _exit_on_sigterm)
     try:
         return run(command, args.num_proc, args.address, args.timeout_s)
     except ValueError as err:

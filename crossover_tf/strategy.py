@@ -4,8 +4,9 @@ It is a wrapper with tf.distribute.Strategy's method names rather than a subclas
 reads `distribute_strategy` from the current tf.distribute strategy and, for a custom subclass,
 routes variable creation and the train loop through tf.distribute's replica machinery, which
 Horovod's one-process-per-replica model does not fit. Like OneDeviceStrategy, each process is
-one replica on one device; Horovod connects the processes. Learning rates are used as given:
-nothing is scaled by the number of replicas (scale it yourself if you want the usual linear rule).
+one replica on one device; Horovod (or TensorFlow's collectives) connects the processes.
+Learning rates are used as given: nothing is scaled by the number of replicas (scale it
+yourself if you want the usual linear rule).
 """
 from __future__ import annotations
 
@@ -29,18 +30,20 @@ _Options = TypeVar("_Options")
 
 
 class CrossoverStrategy:
-    """Synchronous data parallelism with Horovod, crossed with peer jobs on the same devices.
+    """Synchronous data parallelism (Horovod, or TensorFlow's collectives), crossed with peer
+    jobs on the same devices.
 
     Args:
       group: crossover group key shared by the jobs that take turns on each device. Empty or
-        None: plain Horovod, no lease (the baseline).
+        None: plain data parallelism, no lease (the baseline).
       lease: how the group's jobs share a device: how many jobs the group has (each job waits
         at start until they are all there, and fails loudly otherwise), priority, lease
         directory (options.LeaseOptions).
       link_turn: this job's place in the group's allreduce order (options.LinkTurnOptions);
         None: the jobs' allreduces overlap as they come.
       device: device pinning, key and memory (options.DeviceOptions).
-      communication: Horovod set-up, compression and allreduce placement
+      communication: the backend (Horovod or TensorFlow's collectives), its set-up,
+        compression and allreduce placement
         (options.CommunicationOptions).
 
     The internal state (the lease, the link turn, the device) is behind the read-only
@@ -149,7 +152,7 @@ class CrossoverStrategy:
             first = tf.nest.flatten(batch)[0]
             tf.debugging.assert_equal(
                 tf.shape(first)[0] % size, 0,
-                message=f"global batch size must be divisible by the {size} Horovod ranks")
+                message=f"global batch size must be divisible by the {size} ranks")
             picked = tf.nest.map_structure(lambda t: t[rank::size], batch)
             return picked if len(picked) > 1 else picked[0]
 

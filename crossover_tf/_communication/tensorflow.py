@@ -9,11 +9,20 @@ error (../shared/platform-notes.md).
 
 Every collective carries a timeout, so a peer that died or a wrong TF_CONFIG fails the job
 instead of hanging it. A grouped allreduce packs the tensors of each dtype into one buffer and
-runs one CollectiveReduceV2 per dtype, as Horovod's tensor fusion does.
+runs one CollectiveReduceV2 per dtype, as Horovod's tensor fusion does. Collectives run in host
+memory unless the caller names a GPU (allreduce_on="host" is what a crossover group on a GPU
+uses anyway; "device" asks for nothing more here).
+
+What every rank must do alike: TensorFlow matches collectives by instance key, and the keys
+come from a counter as each rank builds its collectives, as MultiWorkerMirroredStrategy's do
+(Horovod matches by name instead). Every rank must therefore trace the same steps in the same
+order: a step retraced on one rank only (a partial last batch there, rank-dependent Python
+around a collective) shifts its keys, and both ranks then fail after collective_timeout_s with
+DeadlineExceededError. Even shards (the strategy's distribute_dataset drops the remainder)
+keep the traces alike.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import os
@@ -29,7 +38,9 @@ from tensorflow.python.eager import context
 
 from crossover_tf._communication.communicator import Communicator
 
-_GROUP_KEY = 1  # one group: the job's ranks
+# One collective group per device type: TensorFlow fixes a group's device type with its first
+# collective, and a later one on another type fails the group ("incompatible device type").
+_HOST_GROUP_KEY, _GPU_GROUP_KEY = 1, 2
 _COORDINATED_JOBS = ("chief", "worker")
 
 
@@ -102,7 +113,8 @@ class TensorFlowCommunicator(Communicator):
         self._rank = multi_worker_util.id_in_cluster(spec, task_type, task_id)
         self._local_rank, self._local_size = _local_coordinates(spec, self._rank)
         self._task = (task_type, int(task_id))
-        self._server = (resolver, spec, task_type, task_id) if self._size > 1 else None
+        self._server = ((resolver, spec, task_type, task_id, self.timeout_s)
+                        if self._size > 1 else None)
 
     def start(self) -> None:
         if self._server is not None:
@@ -143,13 +155,14 @@ class TensorFlowCommunicator(Communicator):
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         if self.size == 1:
             return [tf.identity(t) for t in tensors]
-        with tf.device(device) if device is not None else contextlib.nullcontext():
+        device, group_key = _placement(device)
+        with tf.device(device):
             out: list[tf.Tensor | None] = [None] * len(tensors)
             for dtype in dict.fromkeys(t.dtype for t in tensors):
                 indices = [i for i, t in enumerate(tensors) if t.dtype == dtype]
                 flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
                 reduced = tf.raw_ops.CollectiveReduceV2(
-                    input=flat, group_size=self.size, group_key=_GROUP_KEY,
+                    input=flat, group_size=self.size, group_key=group_key,
                     instance_key=next(self._keys), ordering_token=[], merge_op="Add",
                     final_op="Div" if mean else "Id", communication_hint="ring",
                     timeout_seconds=self.timeout_s, name=name)
@@ -162,33 +175,49 @@ class TensorFlowCommunicator(Communicator):
         tensor = tf.convert_to_tensor(tensor)
         if self.size == 1:
             return tf.identity(tensor)
-        common = dict(group_size=self.size, group_key=_GROUP_KEY,
+        device, group_key = _placement(None)
+        common = dict(group_size=self.size, group_key=group_key,
                       instance_key=next(self._keys), communication_hint="ring",
                       timeout_seconds=self.timeout_s, name=name)
-        if self.rank == root_rank:
-            return tf.raw_ops.CollectiveBcastSendV2(input=tensor, **common)
-        return tf.raw_ops.CollectiveBcastRecvV2(shape=tf.shape(tensor), T=tensor.dtype,
-                                                **common)
+        with tf.device(device):
+            if self.rank == root_rank:
+                return tf.raw_ops.CollectiveBcastSendV2(input=tensor, **common)
+            return tf.raw_ops.CollectiveBcastRecvV2(shape=tf.shape(tensor), T=tensor.dtype,
+                                                    **common)
 
     def allgather_object(self, obj: Any, name: str) -> list[Any]:
         if self.size == 1:
             return [obj]
         data = pickle.dumps(obj)
-        lengths = self._gather(tf.constant([len(data)], tf.int64), f"{name}_lengths").numpy()
+        # The gather stacks rows in the group's order, which TensorFlow sorts by task name
+        # (task:10 before task:2): each row says whose it is, and the rows are put in rank order.
+        heads = self._gather(tf.constant([[self.rank, len(data)]], tf.int64),
+                             f"{name}_lengths").numpy()
+        order = np.argsort(heads[:, 0])
         # The gather takes no bytes: the pickles go as int32 words, padded to the longest.
-        padded = np.zeros(-(-int(lengths.max()) // 4) * 4, np.uint8)
+        padded = np.zeros(-(-int(heads[:, 1].max()) // 4) * 4, np.uint8)
         padded[:len(data)] = np.frombuffer(data, np.uint8)
         rows = self._gather(tf.constant(padded.view(np.int32)[np.newaxis]), name).numpy()
-        return [pickle.loads(rows[r].view(np.uint8)[:lengths[r]].tobytes())
-                for r in range(self.size)]
+        return [pickle.loads(rows[r].view(np.uint8)[:heads[r, 1]].tobytes()) for r in order]
 
     def _gather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
-        """Every rank's tensor stacked along axis 0, in rank order (same shapes on all)."""
-        with tf.device("/CPU:0"):
+        """Every rank's tensor stacked along axis 0, in the group's order (same shapes)."""
+        device, group_key = _placement(None)
+        with tf.device(device):
             return tf.raw_ops.CollectiveGatherV2(
-                input=tensor, group_size=self.size, group_key=_GROUP_KEY,
+                input=tensor, group_size=self.size, group_key=group_key,
                 instance_key=next(self._keys), ordering_token=[], communication_hint="ring",
                 timeout_seconds=self.timeout_s, name=name)
+
+
+def _placement(device: str | None) -> tuple[str, int]:
+    """Where a collective runs and its group: on a GPU only when the caller names one (the
+    gradients' allreduce_device), else in host memory. Every rank must place a collective
+    alike, which explicit placement guarantees and inheriting the tensors' device would not
+    (a rank's logical CPU, or a GPU variable beside a CPU metric)."""
+    if device is not None and tf.DeviceSpec.from_string(device).device_type == "GPU":
+        return device, _GPU_GROUP_KEY
+    return "/CPU:0", _HOST_GROUP_KEY
 
 
 def _local_coordinates(spec: Any, rank: int) -> tuple[int, int]:
@@ -199,7 +228,8 @@ def _local_coordinates(spec: Any, rank: int) -> tuple[int, int]:
     return hosts[:rank].count(mine), hosts.count(mine)
 
 
-def _start_server(resolver: Any, spec: Any, task_type: str, task_id: int) -> None:
+def _start_server(resolver: Any, spec: Any, task_type: str, task_id: int,
+                  timeout_s: float) -> None:
     """Starts this task's server and enables collective ops (MultiWorkerMirroredStrategy's
     order). Must run before any other TensorFlow op: a started context cannot take it."""
     ctx = context.context()
@@ -210,6 +240,9 @@ def _start_server(resolver: Any, spec: Any, task_type: str, task_id: int) -> Non
         ctx.configure_coordination_service(
             service_type="standalone",
             service_leader=multi_worker_util.coordination_leader(spec),
+            # Its default is an hour: a peer that never starts (a wrong TF_CONFIG) must fail
+            # the job within the collectives' own timeout instead.
+            cluster_register_timeout_in_ms=int(timeout_s * 1000),
             coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
                 name=job, num_tasks=spec.num_tasks(job))
                 for job in _COORDINATED_JOBS if job in spec.jobs])

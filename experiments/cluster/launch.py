@@ -17,15 +17,14 @@ import subprocess
 import json
 import time
 import zlib
-from typing import Mapping, Sequence
-
-from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from crossover_tf._setup.devices import DEVICE_KEY_ENV
 from experiments.cluster import exit_hooks
 from experiments.cluster.netns import EmulatedCluster, Host
-from experiments.cluster.rendezvous import BoundRendezvousServer
+
+if TYPE_CHECKING:  # Horovod's runner is imported only for the horovod backend (it is optional)
+    from experiments.cluster.rendezvous import BoundRendezvousServer
 
 POLL_INTERVAL_S = 0.1
 TERMINATE_GRACE_S = 5.0
@@ -139,6 +138,10 @@ def backend_envs(cluster: EmulatedCluster, backend: str, job_name: str
                 for k, h in enumerate(cluster.hosts)], None
     if backend != "horovod":
         raise ValueError(f"backend must be 'horovod' or 'tensorflow', got {backend!r}")
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+
+    from experiments.cluster.rendezvous import BoundRendezvousServer
     hosts_by_name = {h.name: h for h in cluster.hosts}
     plan = get_host_assignments(parse_hosts(",".join(f"{h.name}:1" for h in cluster.hosts)),
                                 len(cluster.hosts))

@@ -99,6 +99,8 @@ def validate(c: Any) -> None:
     require(c.steps - c.warmup_steps >= 10, "need at least 10 timed steps")
     require(c.contention_probe_seconds >= 2.0,
             "contention_probe_seconds must be >= 2 (the probe's shortest run)")
+    require(c.backend == "horovod" or not c.horovod_timelines,
+            "--horovod_timelines needs --backend=horovod (TensorFlow's collectives write none)")
     _validate_scenarios(c)
     require(1 <= c.trials <= MAX_TRIALS, f"trials must be in 1..{MAX_TRIALS}, got {c.trials}")
     _validate_regime(c)

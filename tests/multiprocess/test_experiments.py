@@ -58,6 +58,8 @@ def test_compare_rejects_bad_settings_clearly():
         compare.run(overrides={"scenarios": ["sequential", "chaos"]})
     with pytest.raises(ValueError, match="num_hosts must be >= 2"):
         compare.run(overrides={"num_hosts": 1})
+    with pytest.raises(ValueError, match="--horovod_timelines needs --backend=horovod"):
+        compare.run(overrides={"backend": "tensorflow", "horovod_timelines": True})
 
 
 def _fake_stats(ends_ms: list[float], batch: int = 10, **fields) -> JobStats:

@@ -93,8 +93,9 @@ def test_a_second_job_at_the_same_position_is_refused(lease_group, child_env):
     """Two jobs claiming one position would silently share a slot in the order: an error."""
     turn = _turn(lease_group, position=1)
     turn.join()
-    code = ("import sys; sys.path.insert(0, 'tests'); from test_link_turn import _turn\n"
-            f"_turn({lease_group!r}, position=1).join()")
+    code = ("from crossover_tf import lease\n"  # _turn's lease and turn, in another process
+            f"lease.LinkTurn(lease.DeviceLease({lease_group!r}, 'dev'), 1, 2, lambda n: n, 5.0,"
+            " lambda: None).join()")
     result = run_bounded([sys.executable, "-c", code], child_env, timeout=120)
     assert result.returncode != 0
     assert "link turn position 1" in result.stdout and "is taken" in result.stdout

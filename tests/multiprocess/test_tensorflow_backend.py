@@ -45,12 +45,12 @@ def test_local_coordinates_count_the_ranks_on_this_rank_host():
                                                                (1, 2), (2, 3)]
 
 
-def _run_pair(tmp_path, *flags: str) -> tuple[list[dict], float]:
-    """Two ranks started directly with their TF_CONFIG (no launcher stopping the survivor)."""
+def _run_pair(tmp_path, *flags: str, ranks: int = 2) -> tuple[list[dict], float]:
+    """Ranks started directly with their TF_CONFIG (no launcher stopping the survivor)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     procs = [subprocess.Popen([sys.executable, WORKER, str(tmp_path / "r_RANK.json"), *flags],
                               env={**env, "TF_CONFIG": config}, start_new_session=True)
-             for config in tf_configs("127.0.0.1", free_ports("127.0.0.1", 2))]
+             for config in tf_configs("127.0.0.1", free_ports("127.0.0.1", ranks))]
     start = time.monotonic()
     try:
         procs[0].wait(timeout=120)
@@ -64,10 +64,12 @@ def _run_pair(tmp_path, *flags: str) -> tuple[list[dict], float]:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_ranks_average_over_tensorflow_collectives(tmp_path):
-    record, _ = _run_pair(tmp_path)
-    assert (record["size"], record["steps"], record["error"]) == (2, 20, None)
-    assert record["value"] == pytest.approx(1.5)
+def test_three_ranks_average_fuse_dtypes_and_gather_in_rank_order(tmp_path):
+    record, _ = _run_pair(tmp_path, ranks=3)
+    assert (record["size"], record["steps"], record["error"]) == (3, 20, None)
+    assert record["value"] == pytest.approx(2.0)  # the mean of 1, 2, 3
+    assert record["mixed"] == [[3.0] * 3, [[6, 6], [6, 6]], [3.0]]  # sums, dtypes kept
+    assert record["gathered"] == [{"rank": r, "pad": "x" * r} for r in range(3)]
 
 
 @pytest.mark.multiprocess

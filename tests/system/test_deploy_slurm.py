@@ -172,7 +172,7 @@ def test_planner_launch_line_runs_as_written(slurm_cluster: SlurmCluster) -> Non
     item 4): the planner fills in the group, the job count and the join timeout."""
     import crossover_tf_planner as planner
     from crossover_tf_planner import launch_lines
-    from test_planner_launch_lines import PROFILES, parse
+    from launch_line_helpers import PROFILES, parse
     plan = planner.pair(PROFILES)
     run_dir = slurm_cluster.base / "runs" / f"plan{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True)

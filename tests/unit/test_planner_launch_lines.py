@@ -11,18 +11,7 @@ import pytest
 import crossover_tf_planner as planner
 from crossover_tf_planner import cli, launch_lines
 
-PROFILES = [planner.JobProfile(name=n, compute_s=0.05, comm_s=c)
-            for n, c in (("A", 0.05), ("B", 0.05), ("C", 0.0))]
-
-
-def parse(line: str) -> tuple[dict[str, str], list[str]]:
-    """The environment a launch line sets and the command after it."""
-    words = shlex.split(line)
-    env = {}
-    while "=" in words[0] and not words[0].startswith("-"):
-        key, _, value = words.pop(0).partition("=")
-        env[key] = value
-    return env, words
+from launch_line_helpers import PROFILES, parse
 
 
 def with_policy(plan: planner.PairingPlan, recommendation: str,

@@ -44,6 +44,12 @@ def main() -> None:
             break
         record["steps"], record["value"] = i + 1, value
     record["elapsed_s"] = time.monotonic() - start
+    if record["error"] is None:  # one fused allreduce of three dtypes, and a gather
+        mixed = comm.allreduce([tf.fill([3], float(comm.rank)), tf.fill([2, 2], comm.rank + 1),
+                                tf.constant([comm.rank], tf.float64)], mean=False, name="mixed")
+        record["mixed"] = [t.numpy().tolist() for t in mixed]
+        record["gathered"] = comm.allgather_object({"rank": comm.rank, "pad": "x" * comm.rank},
+                                                   "gather")
     with open(args.out.replace("RANK", str(comm.rank)), "w") as f:
         json.dump(record, f)
 
