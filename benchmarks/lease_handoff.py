@@ -37,7 +37,7 @@ from benchmarks.common import median_range, parse_args
 from crossover_tf.lease.segments import remove_group_segments
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-WORKER = REPO / "tests" / "lease_worker.py"
+WORKER = REPO / "tests" / "workers" / "lease_worker.py"
 # Seconds, not minutes: two rounds (a spread, if a poor one), each a short burst of hand-offs;
 # each round's pair of processes loading TensorFlow is most of its time.
 SHORT = {"rounds": 2, "cycles": 40, "hold_ms": 1.0, "iterations": 2000}

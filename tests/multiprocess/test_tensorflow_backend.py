@@ -74,12 +74,16 @@ def test_three_ranks_average_fuse_dtypes_and_gather_in_rank_order(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("peer, error, at_least_s", [("exit", "UnavailableError", 0.0),
-                                                     ("stop", "DeadlineExceededError", 8.0)])
+@pytest.mark.parametrize("peer, errors", [
+    ("exit", {"UnavailableError"}),
+    # Whichever notices first: the collective's timeout, or the coordination service's
+    # heartbeat (it aborts the collectives as unavailable).
+    ("stop", {"DeadlineExceededError", "UnavailableError"})])
 def test_a_peer_that_dies_or_stops_fails_the_collective_instead_of_hanging(
-        tmp_path, peer, error, at_least_s):
+        tmp_path, peer, errors):
     """A dead peer resets the connection at once; a stopped one (no process exit to see) is
-    caught by the collective's timeout (--timeout_s 10), never a wait without end."""
+    caught by the collective's timeout (--timeout_s 10) or the heartbeat, never a wait
+    without end."""
     record, _ = _run_pair(tmp_path, "--peer", peer, "--timeout_s", "10")
-    assert record["steps"] == 5 and record["error"] == error, record
-    assert at_least_s <= record["elapsed_s"] < 60, record
+    assert record["steps"] == 5 and record["error"] in errors, record
+    assert record["elapsed_s"] < 60, record
