@@ -44,11 +44,12 @@ def free_ports(address: str, count: int) -> list[int]:
             s.close()
 
 
-def tf_configs(address: str, ports: Sequence[int]) -> list[str]:
-    """One TF_CONFIG per task: every task a worker, worker i on ports[i]."""
-    cluster = {"worker": [f"{address}:{port}" for port in ports]}
+def tf_configs(workers: Sequence[str]) -> list[str]:
+    """One TF_CONFIG per task: every task a worker, task i listening at workers[i]
+    ("host:port"); the emulated cluster's launcher writes its ranks' with it too."""
+    cluster = {"worker": list(workers)}
     return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-            for i in range(len(ports))]
+            for i in range(len(workers))]
 
 
 def _die_with_parent() -> None:
@@ -89,7 +90,8 @@ def run(command: Sequence[str], num_proc: int, address: str = "127.0.0.1",
         raise ValueError("crossover_tf.launch: no command given (put it after --)")
     base = dict(os.environ if env is None else env)
     procs, threads = [], []
-    for rank, config in enumerate(tf_configs(address, free_ports(address, num_proc))):
+    workers = [f"{address}:{port}" for port in free_ports(address, num_proc)]
+    for rank, config in enumerate(tf_configs(workers)):
         proc = subprocess.Popen(list(command), env={**base, "TF_CONFIG": config},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", start_new_session=True,

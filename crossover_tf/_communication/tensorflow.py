@@ -145,9 +145,9 @@ class TensorFlowCommunicator(Communicator):
         if self._task is None:
             return list(devices)
         task_type, task_id = self._task
-        return [d for d in devices
-                if tf.DeviceSpec.from_string(d.name).job in (None, task_type)
-                and tf.DeviceSpec.from_string(d.name).task in (None, task_id)]
+        specs = [(d, tf.DeviceSpec.from_string(d.name)) for d in devices]
+        return [d for d, spec in specs
+                if spec.job in (None, task_type) and spec.task in (None, task_id)]
 
     def allreduce(self, tensors: Sequence[tf.Tensor], *, mean: bool, name: str,
                   device: str | None = None, compress: bool = False) -> list[tf.Tensor]:

@@ -14,12 +14,12 @@ import os
 import pathlib
 import signal
 import subprocess
-import json
 import time
 import zlib
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from crossover_tf._setup.devices import DEVICE_KEY_ENV
+from crossover_tf.launch import tf_configs
 from experiments.cluster import exit_hooks
 from experiments.cluster.netns import EmulatedCluster, Host
 
@@ -132,10 +132,8 @@ def backend_envs(cluster: EmulatedCluster, backend: str, job_name: str
     """Each rank's host and backend environment, in rank order, and Horovod's rendezvous."""
     if backend == "tensorflow":
         port = tf_config_port(job_name)
-        workers = [f"{h.address}:{port + k}" for k, h in enumerate(cluster.hosts)]
-        return [(h, {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
-                                              "task": {"type": "worker", "index": k}})})
-                for k, h in enumerate(cluster.hosts)], None
+        configs = tf_configs([f"{h.address}:{port + k}" for k, h in enumerate(cluster.hosts)])
+        return [(h, {"TF_CONFIG": config}) for h, config in zip(cluster.hosts, configs)], None
     if backend != "horovod":
         raise ValueError(f"backend must be 'horovod' or 'tensorflow', got {backend!r}")
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts

@@ -50,7 +50,8 @@ def _run_pair(tmp_path, *flags: str, ranks: int = 2) -> tuple[list[dict], float]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     procs = [subprocess.Popen([sys.executable, WORKER, str(tmp_path / "r_RANK.json"), *flags],
                               env={**env, "TF_CONFIG": config}, start_new_session=True)
-             for config in tf_configs("127.0.0.1", free_ports("127.0.0.1", ranks))]
+             for config in tf_configs([f"127.0.0.1:{port}"
+                                       for port in free_ports("127.0.0.1", ranks)])]
     start = time.monotonic()
     try:
         procs[0].wait(timeout=120)

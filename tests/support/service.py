@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pathlib
 import signal
-import socket
 import subprocess
 from typing import TypeVar
+
+from crossover_tf.launch import free_ports
 
 S = TypeVar("S", bound="StartStopContext")
 
@@ -13,9 +14,7 @@ S = TypeVar("S", bound="StartStopContext")
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (a daemon may still race for
     it; callers that start one retry or fail clearly)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports("127.0.0.1", 1)[0]
 
 
 def log_tail(path: pathlib.Path, lines: int = 15) -> str:
