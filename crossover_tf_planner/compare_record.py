@@ -151,12 +151,15 @@ class Regime:
     link_contention: dict[str, Any] | None = None
     bandwidth_mbit: float | None = None
     achieved_comm_to_compute: Spread | None = None
+    # The same solo run before and after the trials (comparison/calibrate.drift_probe):
+    # {"bandwidth_mbit", "start": {...}, "end": {...}}; absent in older records.
+    drift_probe: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if self.achieved_comm_to_compute is not None:
             data["achieved_comm_to_compute"] = self.achieved_comm_to_compute.to_dict()
-        return data
+        return _drop_none(data, ["drift_probe"])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Regime:

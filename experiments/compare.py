@@ -31,7 +31,12 @@ fixes the link, two short solo runs at two bandwidths fit M(B) = m0 + k/B
 --comm_to_compute; compare.json records the asked-for and the achieved M/C. --trials repeats
 every scenario, in the orders of a Williams design (comparison/trials.py), and reports the
 median with min/max of every ratio and its bootstrap 95% interval (analysis/intervals.py),
-which the verdict rests on. --sweep_comm_to_compute runs the calibrated comparison at several
+which the verdict rests on. Each trial's solo runs give its M/C: a trial more than 15% off the
+asked-for one re-shapes the link for the next, and the calls rest on the trials in the regime
+(analysis/regime.py); the same short solo run before and after the trials (the drift probe)
+says whether the machine slowed. After calibration the comparison prints its estimated
+length; --budget_minutes shortens every run to fit (comparison/budget.py).
+--sweep_comm_to_compute runs the calibrated comparison at several
 ratios (one sub-directory each) and writes sweep.{json,md,png}.
 
 The table, JSON, markdown and PNG land in --out_dir; TensorBoard runs of every scenario land
@@ -40,6 +45,7 @@ under <out_dir>/tensorboard/t<trial>_<scenario>/<job>.
 from __future__ import annotations
 
 import pathlib
+import time
 from typing import Any, Mapping
 
 from absl import app, flags, logging
@@ -59,6 +65,7 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     """The comparison (or the sweep, with --sweep_comm_to_compute: its sweep.json record);
     returns what it wrote."""
     define_flags(flag_values)
+    started = time.monotonic()
     c = config_lib.resolve(flag_values, FLAG_NAMES, overrides, validate, "compare")
     if c.horovod_timelines:
         logging.warning("--horovod_timelines: Horovod's timeline writer spins on rank 0's core; "
@@ -68,12 +75,13 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
         return run_sweep(c, out, sweep_ratios(c))
     if c.bandwidth_mbit is not None:
         costs = measure_comm_costs(c, out, c.bandwidth_mbit, None)
-        return compare_at(c, out, c.bandwidth_mbit, Regime(None, "fixed", None, **costs))
+        return compare_at(c, out, c.bandwidth_mbit, Regime(None, "fixed", None, **costs),
+                          started)
     bandwidths, record = calibrate.calibrate(c, out, [c.comm_to_compute])
     bandwidth = bandwidths[c.comm_to_compute]
     costs = measure_comm_costs(c, out, bandwidth, record)
     return compare_at(c, out, bandwidth,
-                      Regime(c.comm_to_compute, "calibrated", record, **costs))
+                      Regime(c.comm_to_compute, "calibrated", record, **costs), started)
 
 
 main = config_lib.script_main(run)

@@ -5,16 +5,48 @@ run of an hour (issue 39: one run's solo step grew from 1.00 to 1.35 s over four
 M stayed put, so M/C fell from the asked-for 1 to 0.64, and the headline win became a tie with
 nothing in the report saying why). Each trial's own solo runs give its M/C; a trial more than
 TOLERANCE away from the asked-for M/C is marked, and the verdict says how many trials were in
-the regime. The table shows the drift without opening compare.json.
+the regime. The comparison re-shapes the link before the next trial when one drifts
+(comparison/run.py), and its calls rest on the trials in the regime (judge). The table shows
+the drift without opening compare.json, and the drift probe (the same solo run before and
+after the trials) says whether the machine itself slowed.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Mapping, Sequence
 
-from crossover_tf_planner.compare_record import Comparison
+from crossover_tf_planner.compare_record import Comparison, Trial
 from experiments.comparison import trials as trials_lib
 
 TOLERANCE = 0.15  # a trial's M/C within +-15% of the asked-for M/C is in the regime
+# Where a trial out of the regime says so (Trial.invalid's key; compare.md lists it apart).
+OUT_OF_REGIME = "out of the regime"
+
+
+def in_tolerance(ratio: float, asked: float) -> bool:
+    """Whether an achieved M/C is within TOLERANCE of the asked-for one."""
+    return abs(ratio / asked - 1) <= TOLERANCE
+
+
+def judge(per_trial: Sequence[Trial], asked: float | None) -> list[Trial]:
+    """The trials with those out of the regime kept for their tables but without ratios (so
+    out of every median, interval, verdict and the representative trial), the reason under
+    invalid: the calls then rest on the trials that ran at the asked-for M/C. Unchanged where
+    nothing was asked (a fixed link), or where every trial, or none, is in the regime (then
+    the calls rest on all of them, and compare.md says at which M/C)."""
+    if asked is None:
+        return list(per_trial)
+    ratio = {i: trials_lib.comm_to_compute(t) for i, t in enumerate(per_trial)
+             if t.solo_stats()}
+    inside = {i for i, r in ratio.items() if in_tolerance(r, asked)}
+    if not inside or len(inside) == len(per_trial):
+        return list(per_trial)
+    return [t if i in inside else dataclasses.replace(
+        t, ratios={}, invalid={**t.invalid, OUT_OF_REGIME: (
+            f"its solo runs' M/C {ratio[i]:.2f} is more than {TOLERANCE:.0%} off the asked-for "
+            f"{asked:g}: every ratio of this trial is left out of the calls" if i in ratio else
+            "no solo runs to say its M/C: every ratio of this trial is left out of the calls")})
+        for i, t in enumerate(per_trial)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +60,7 @@ class TrialRegime:
     comm_s: dict[str, float]
     comm_to_compute: float
     in_regime: bool | None
+    bandwidth_mbit: float | None = None  # the link this trial ran at (re-shaped after a drift)
 
 
 def trial_regimes(result: Comparison) -> list[TrialRegime]:
@@ -42,7 +75,8 @@ def trial_regimes(result: Comparison) -> list[TrialRegime]:
         out.append(TrialRegime(
             index, {j: s.step_time_s for j, s in solos.items()},
             {j: s.device_s for j, s in solos.items()}, {j: s.comm_s for j, s in solos.items()},
-            ratio, None if asked is None else abs(ratio / asked - 1) <= TOLERANCE))
+            ratio, None if asked is None else in_tolerance(ratio, asked),
+            trial.settings.get("bandwidth_mbit")))
     return out
 
 
@@ -68,20 +102,63 @@ def drift_lines(result: Comparison) -> list[str]:
     mark = f"within ±{TOLERANCE:.0%} of {asked:g}" if asked is not None else "no M/C asked"
     lines = ["", "Each trial's solo runs (drift shows here: C growing while M stays means the "
              "machine slowed, and M/C falls):", "",
-             "| trial | " + " | ".join(f"{j} step / C / M (ms)" for j in jobs)
+             "| trial | Mbit/s | " + " | ".join(f"{j} step / C / M (ms)" for j in jobs)
              + f" | M/C | {mark} |",
-             "|---|" + "---:|" * (len(jobs) + 1) + ":---:|"]
+             "|---|---:|" + "---:|" * (len(jobs) + 1) + ":---:|"]
     for r in regimes:
         cells = [f"{1e3 * r.step_s[j]:.0f} / {1e3 * r.compute_s[j]:.0f} / {1e3 * r.comm_s[j]:.0f}"
                  for j in jobs]
         verdict = "—" if r.in_regime is None else ("yes" if r.in_regime else "**no**")
-        lines.append(f"| {r.trial} | " + " | ".join(cells)
+        link = "—" if r.bandwidth_mbit is None else f"{r.bandwidth_mbit:.4g}"
+        lines.append(f"| {r.trial} | {link} | " + " | ".join(cells)
                      + f" | {r.comm_to_compute:.2f} | {verdict} |")
     counted = _count(regimes)
     if counted is not None:
-        inside, total = counted
-        lines += ["", f"{inside} of {total} trials ran within ±{TOLERANCE:.0%} of the asked-for "
-                  f"M/C {asked:g}" + ("." if inside == total else
-                                      "; the calls below rest on every trial, out of the "
-                                      "regime ones included.")]
+        lines += ["", f"{counted[0]} of {counted[1]} trials ran within ±{TOLERANCE:.0%} of the "
+                  f"asked-for M/C {asked:g}{calls_basis(*counted)}"]
     return lines
+
+
+def calls_basis(inside: int, total: int) -> str:
+    """What the calls rest on, given how many trials were in the regime (judge's rule)."""
+    if inside == total:
+        return "."
+    if inside:
+        return (f"; the calls rest on the trials in the regime alone (the other "
+                f"{total - inside} are listed under 'Out of the regime').")
+    return ("; none did, so the calls rest on every trial and hold at the achieved M/C above, "
+            "not at the asked-for one.")
+
+
+def drift_probe_lines(result: Comparison) -> list[str]:
+    """The drift probe's start and end (the same solo run of job A before and after the
+    trials) and the census beside each: a slower end with nothing piling up points at the
+    machine, a pile-up at the project."""
+    probe = (result.regime.drift_probe if result.regime else None) or {}
+    start, end = probe.get("start"), probe.get("end")
+    if not start or not end:
+        return []
+    change = end["step_s"] / start["step_s"] - 1
+    held = ("held" if abs(change) <= TOLERANCE else
+            f"**{'slowed' if change > 0 else 'sped up'} by {abs(change):.0%}**")
+    lines = ["", f"Drift probe (job A alone, {start['steps']} steps at "
+             f"{probe['bandwidth_mbit']:.4g} Mbit/s, before and after the trials): the machine "
+             f"{held} (step {change:+.1%}).", "",
+             "| probe | step (ms) | C (ms) | M (ms) | processes | namespaces | /dev/shm files "
+             "| load (1 min) | CPU steal (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, run in (("start", start), ("end", end)):
+        lines.append(f"| {name} | {_ms(run, 'step_s')} | {_ms(run, 'compute_s')} | "
+                     f"{_ms(run, 'comm_s')} | {run.get('processes', '—')} | "
+                     f"{run.get('namespaces', '—')} | {run.get('shm_files', '—')} | "
+                     f"{run.get('load_1min', 0):.2f} | {_steal_s(run)} |")
+    return lines
+
+
+def _ms(run: Mapping[str, Any], key: str) -> str:
+    return f"{1e3 * run[key]:.0f}"
+
+
+def _steal_s(run: Mapping[str, Any]) -> str:
+    jiffies = run.get("steal_jiffies")
+    return "—" if jiffies is None else f"{jiffies / 100:.1f}"

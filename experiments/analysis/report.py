@@ -51,17 +51,21 @@ INVALID_HEADING = "**Invalid scenarios** (left out of every ratio, the verdict a
 BOUNDS_HEADING = ("**Outside the sanity bounds** (the trial's sequential run left out of every "
                   "ratio over it, the ideal, measured / ideal, the verdict and the plot; its "
                   "ratios among concurrent scenarios stay):")
+REGIME_HEADING = ("**Out of the regime** (the trial's solo runs more than "
+                  f"±{regime_lib.TOLERANCE:.0%} off the asked-for M/C: its ratios left out of "
+                  "the calls; its tables stay, and the regime table below shows it):")
 
 
 def _invalid_lines(result: Comparison) -> list[str]:
     """Scenarios refused for a window too short to measure; apart from them, trials whose
     sequential run broke a sanity bound (analysis/bounds.py: their ratios among concurrent
-    scenarios still count); and failed sanity checks: said where the numbers are, so nobody
-    reads a table without them."""
-    bounded = {n: runs for n, runs in result.invalid.items() if n == registry.SEQUENTIAL}
-    refused = {n: runs for n, runs in result.invalid.items() if n not in bounded}
+    scenarios still count) and trials out of the regime (analysis/regime.judge); and failed
+    sanity checks: said where the numbers are, so nobody reads a table without them."""
+    apart = {registry.SEQUENTIAL: BOUNDS_HEADING, regime_lib.OUT_OF_REGIME: REGIME_HEADING}
     lines = []
-    for heading, entries in ((INVALID_HEADING, refused), (BOUNDS_HEADING, bounded)):
+    for heading, entries in (
+            (INVALID_HEADING, {n: r for n, r in result.invalid.items() if n not in apart}),
+            *((h, {n: result.invalid[n]}) for n, h in apart.items() if n in result.invalid)):
         if entries:
             lines += ["", heading, ""]
             lines += [f"- {name}{_trial_label(e.trial)}: {e.reason}"
@@ -196,7 +200,8 @@ def _verdict_lines(result: Comparison, n_trials: int) -> list[str]:
     recommended, winner = trials.verdict_cells(trials.verdict(result))
     counted = regime_lib.in_regime_count(result)
     within = (["", f"Trials in the regime: {counted[0]} of {counted[1]} within "
-                   f"±{regime_lib.TOLERANCE:.0%} of the asked-for M/C."]
+                   f"±{regime_lib.TOLERANCE:.0%} of the asked-for M/C"
+                   + regime_lib.calls_basis(*counted)]
               if counted is not None and counted[1] > 1 else [])
     return [f"Over all {n_trials} trial(s): recommended **{recommended}**; measured winner: "
             f"**{winner}**.", *within, "", trials.VERDICT_RULE]
@@ -226,7 +231,7 @@ def markdown(result: Comparison | Trial) -> str:
         solo = result.scenarios[registry.solo(job)].jobs[job]
         lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
                      f"{1e3 * solo.step_time_s:.1f} |")
-    lines += regime_lib.drift_lines(result)
+    lines += regime_lib.drift_lines(result) + regime_lib.drift_probe_lines(result)
     if result.planner is not None:
         lines += _planner_lines(result, result.planner)
     if {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_NAIVE.key} <= set(

@@ -35,6 +35,8 @@ class CalibrationPoint:
     bandwidth_mbit: float
     compute_s: float  # device time per step, C = JobStats.device_s
     comm_s: float  # allreduce per step, M = JobStats.comm_s
+    wall_s: float | None = None  # the whole run, start-up included (budget.py's estimate)
+    steps: int | None = None  # steps it ran, warm-up included
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,17 @@ def choose_bandwidth(fit: CommFit, compute_s: float, ratio: float) -> float:
             f"comm/compute ratio {ratio:g} needs {bandwidth:.3g} Mbit/s, outside the "
             f"emulated link's range [{MIN_MBIT:g}, {MAX_MBIT:g}] Mbit/s")
     return bandwidth
+
+
+def reshaped_bandwidth(fit: CommFit, bandwidth_mbit: float, compute_s: float, comm_s: float,
+                       ratio: float) -> float:
+    """The bandwidth that brings a drifted trial back to `ratio` (issue 39: C grew by two
+    thirds over an hour while M stayed): the latest solo runs' C, and the fit's k rescaled
+    through their measured M at `bandwidth_mbit` (m0 kept), so a drift of either is followed;
+    the fit as it was where M is not above m0. Errors as choose_bandwidth's."""
+    per_mbit_s = (comm_s - fit.fixed_s) * bandwidth_mbit
+    latest = CommFit(fit.fixed_s, per_mbit_s) if per_mbit_s > 0 else fit
+    return choose_bandwidth(latest, compute_s, ratio)
 
 
 def second_bandwidth(first: CalibrationPoint, ratio: float) -> float:

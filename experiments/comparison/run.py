@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import statistics
+import time
+import types
 from typing import Any, Sequence
 
 from absl import logging
@@ -15,41 +18,121 @@ from crossover_tf_planner.compare_record import Comparison, Regime
 from crossover_tf_planner.job_stats import JobStats
 from experiments import config as config_lib
 from experiments.analysis import bounds, planning, report, sweep
-from experiments.comparison import calibrate, scenarios, settings, summary, trials
+from experiments.analysis import regime as regime_lib
+from experiments.comparison import (budget, calibrate, calibration, scenarios, settings, summary,
+                                    trials)
 from experiments.probes.comm_costs import measure_comm_costs
 
 TrialStats = dict[str, dict[str, JobStats]]  # scenario -> job -> stats, of one trial
 
 
-def _run_trials(c: Any, out: pathlib.Path, bandwidth: float | None
-                ) -> tuple[list[TrialStats], dict[str, Any]]:
-    """Every scenario `c.trials` times on one cluster, in the orders of a Williams design
-    (trials.trial_orders)."""
+def _run_trials(c: Any, out: pathlib.Path, bandwidth: float | None, regime: Regime
+                ) -> tuple[list[TrialStats], dict[str, Any], list[float | None]]:
+    """Every scenario `c.trials` times, in the orders of a Williams design
+    (trials.trial_orders), each trial on a cluster at its link: the first at `bandwidth`, the
+    next re-shaped when a trial's solo runs drifted out of the regime (_next_link). Returns
+    the stats, the first cluster's description and each trial's bandwidth."""
     stats: list[TrialStats] = []
-    with calibrate.cluster(c, bandwidth) as cluster:
-        cluster_info = cluster.describe()
-        for trial, order in enumerate(trials.trial_orders(settings.scenario_names(c), c.trials)):
+    links: list[float | None] = []
+    cluster_info: dict[str, Any] = {}
+    for trial, order in enumerate(trials.trial_orders(settings.scenario_names(c), c.trials)):
+        if trial:
+            bandwidth = _next_link(stats[-1], bandwidth, regime, trial - 1)
+        with calibrate.cluster(c, bandwidth) as cluster:
+            cluster_info = cluster_info or cluster.describe()
             stats.append({name: scenarios.run_scenario(cluster, c, name, out, f"t{trial}_{name}",
                                                        jobs=scenarios.job_names(c.jobs))
                           for name in order})
-    return stats, cluster_info
+        links.append(bandwidth)
+    return stats, cluster_info, links
 
 
-def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None, regime: Regime
-               ) -> Comparison:
-    """Runs the trials at one bandwidth; writes compare.{json,md,png} in `out`."""
+def _next_link(done: TrialStats, bandwidth: float | None, regime: Regime, trial: int
+               ) -> float | None:
+    """The link for the trial after `done` (issue 39): unchanged while its solo runs' M/C is
+    within regime.TOLERANCE of the asked-for one; else re-shaped from their C and M
+    (calibration.reshaped_bandwidth). A fixed link, or one the fit cannot move, stays."""
+    fit = (regime.calibration or {}).get("fit")
+    asked = regime.comm_to_compute_asked
+    if asked is None or bandwidth is None or not fit:
+        return bandwidth
+    solos = list(done[registry.SEQUENTIAL].values())
+    compute_s = statistics.fmean(s.device_s for s in solos)
+    comm_s = statistics.fmean(s.comm_s for s in solos)
+    if regime_lib.in_tolerance(comm_s / compute_s, asked):
+        return bandwidth
+    try:
+        reshaped = calibration.reshaped_bandwidth(
+            calibration.CommFit(**fit), bandwidth, compute_s, comm_s, asked)
+    except ValueError as err:
+        logging.warning("trial %d drifted to M/C %.2f but the link cannot follow (%s); the "
+                        "next trial runs at %.4g Mbit/s", trial, comm_s / compute_s, err,
+                        bandwidth)
+        return bandwidth
+    logging.warning("trial %d ran at M/C %.2f (C %.0f ms, M %.0f ms) against %g asked: the "
+                    "link goes from %.4g to %.4g Mbit/s for the next trial", trial,
+                    comm_s / compute_s, 1e3 * compute_s, 1e3 * comm_s, asked, bandwidth,
+                    reshaped)
+    return reshaped
+
+
+def _fit_budget(c: Any, regime: Regime, bandwidth: float | None, started: float | None
+                ) -> Any:
+    """The settings with --steps shortened to fit --budget_minutes (budget.fitting_steps), and
+    the estimated length printed (issue 34); unchanged without a calibration to estimate
+    from."""
+    cost = budget.run_cost(regime.calibration or {}, bandwidth) if bandwidth else None
+    if cost is None:
+        logging.info("no length estimate: a fixed link has no calibration runs to time")
+        return c
+    names = settings.scenario_names(c)
+    probes_s = (2 * cost.solo_run_s(c.warmup_steps + c.calibration_timed_steps)
+                if _probes_drift(c, bandwidth) else 0.0)
+    elapsed_s = time.monotonic() - started if started is not None else 0.0
+    steps = c.steps
+    if c.budget_minutes:
+        steps = budget.fitting_steps(cost, names, c.jobs, c.trials, c.steps, c.warmup_steps,
+                                     60 * c.budget_minutes - elapsed_s - probes_s)
+    total_s = elapsed_s + probes_s + budget.trials_s(cost, names, c.jobs, steps, c.trials)
+    print(f"Estimated length: {total_s / 60:.0f} min ({elapsed_s / 60:.1f} min so far; "
+          f"{c.trials} trials of {len(names)} scenarios at {steps} steps, a solo step "
+          f"{1e3 * cost.step_s:.0f} ms and {cost.start_up_s:.0f} s of start-up per launch"
+          + (f"; --steps {c.steps} shortened to {steps} to fit --budget_minutes="
+             f"{c.budget_minutes:g}" if steps != c.steps else "") + ")", flush=True)
+    if c.budget_minutes and total_s > 60 * c.budget_minutes:
+        logging.warning("the comparison will overrun --budget_minutes=%g even at %d steps",
+                        c.budget_minutes, steps)
+    return types.SimpleNamespace(**{**vars(c), "steps": steps, "estimated_s": total_s})
+
+
+def _probes_drift(c: Any, bandwidth: float | None) -> bool:
+    """Whether the drift probe runs: asked for, on an emulated, shaped link."""
+    return bool(c.drift_probe) and bandwidth is not None and not c.force_localhost
+
+
+def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None, regime: Regime,
+               started: float | None = None) -> Comparison:
+    """Runs the trials at one bandwidth, between the drift probes; writes compare.{json,md,png}
+    in `out`. `started` (time.monotonic() when the comparison began) counts the calibration
+    into --budget_minutes."""
     out.mkdir(parents=True, exist_ok=True)
-    stats, cluster_info = _run_trials(c, out, bandwidth)
-    regime = dataclasses.replace(regime, bandwidth_mbit=bandwidth)
-    per_trial = [bounds.judge(summary.summarise(s, c.warmup_steps,
-                                                {"trial": trial, "order": list(s)}, regime))
-                 for trial, s in enumerate(stats)]
+    c = _fit_budget(c, regime, bandwidth, started)
+    drift = _probes_drift(c, bandwidth)
+    start = calibrate.drift_probe(c, out, bandwidth, "start") if drift else None
+    stats, cluster_info, links = _run_trials(c, out, bandwidth, regime)
+    end = calibrate.drift_probe(c, out, bandwidth, "end") if drift else None
+    regime = dataclasses.replace(regime, bandwidth_mbit=bandwidth, drift_probe=(
+        {"bandwidth_mbit": bandwidth, "start": start, "end": end} if drift else None))
+    per_trial = [bounds.judge(summary.summarise(
+        s, c.warmup_steps, {"trial": trial, "order": list(s), "bandwidth_mbit": links[trial]},
+        regime)) for trial, s in enumerate(stats)]
+    achieved = trials.spread([trials.comm_to_compute(t) for t in per_trial])
+    per_trial = regime_lib.judge(per_trial, regime.comm_to_compute_asked)
     result = dataclasses.replace(
         trials.combine(per_trial),
         settings={**vars(c), "bandwidth_mbit": bandwidth, "cluster": cluster_info},
         order_design=trials.order_design(settings.scenario_names(c), c.trials),
-        regime=dataclasses.replace(regime, achieved_comm_to_compute=trials.spread(
-            [trials.comm_to_compute(t) for t in per_trial])))
+        regime=dataclasses.replace(regime, achieved_comm_to_compute=achieved))
     result = planning.plan_trials(result)
     result.to_json(out / "compare.json")
     table = report.markdown(result)
@@ -64,6 +147,9 @@ def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None, regime: Regim
     for check in result.checks:
         logging.warning("check failed: %s", check)
     raise_if_nothing_measured(result, c.scenarios)
+    if started is not None:
+        print(f"Took {(time.monotonic() - started) / 60:.1f} min"
+              + (f" (estimated {c.estimated_s / 60:.0f})" if hasattr(c, "estimated_s") else ""))
     print(f"results: {out / 'compare.json'}, {out / 'compare.md'}, {out / 'compare.png'}; "
           f"tensorboard --logdir {out / 'tensorboard'}")
     return result

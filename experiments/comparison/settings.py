@@ -10,7 +10,7 @@ from absl import flags
 from crossover_tf_planner.policies import MEASURED
 from crossover_tf_planner.registry import SCENARIOS, WITH_ENV
 from experiments import config as config_lib
-from experiments.comparison import calibration, scenarios
+from experiments.comparison import budget, calibration, scenarios
 
 MAX_TRIALS = 20
 MAX_SWEEP_POINTS = 8
@@ -44,6 +44,13 @@ def _define_own(flag_values: flags.FlagValues) -> None:
            "First calibration bandwidth (the next ones are chosen from the results).")
     define(flags.DEFINE_integer, "calibration_timed_steps", 20,
            "Timed steps (after --warmup_steps) of each solo calibration run.")
+    define(flags.DEFINE_float, "budget_minutes", 0.0,
+           "The comparison's time budget (0: none): after calibration, every run's --steps is "
+           "shortened so that the estimated length fits (never below warm-up + "
+           f"{budget.MIN_TIMED_STEPS} timed steps; never fewer trials).")
+    define(flags.DEFINE_boolean, "drift_probe", True,
+           "Run the same short solo run of job A before and after the trials (with "
+           "--calibration_timed_steps), so the report says whether the machine slowed.")
     define(flags.DEFINE_integer, "jobs", 2,
            f"Jobs sharing the hosts (2..{len(scenarios.JOB_NAMES)}), named A, B, ...")
     define(flags.DEFINE_integer, "secondary_micro_batches", 4,
@@ -148,6 +155,8 @@ def _validate_regime(c: Any) -> None:
     require(lowest <= c.calibration_mbit <= calibration.MAX_MBIT,
             f"calibration_mbit must be in [{lowest:g}, {calibration.MAX_MBIT:g}], got "
             f"{c.calibration_mbit}")
+    require(math.isfinite(c.budget_minutes) and c.budget_minutes >= 0,
+            f"budget_minutes must be >= 0 (0: no budget), got {c.budget_minutes}")
     require(c.calibration_timed_steps >= 5,
             f"calibration_timed_steps must be >= 5, got {c.calibration_timed_steps}")
 

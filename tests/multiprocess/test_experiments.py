@@ -546,7 +546,8 @@ def test_compare_end_to_end_under_the_tensorflow_backend(tmp_path):
     steps = 150
     compare.run(overrides={
         **TINIEST_COMPARISON, "steps": steps, "scenarios": ["sequential", "crossover_turn"],
-        "horovod_timelines": False, "backend": "tensorflow", "out_dir": str(tmp_path)})
+        "horovod_timelines": False, "backend": "tensorflow", "out_dir": str(tmp_path),
+        "drift_probe": False})
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert saved["settings"]["backend"] == "tensorflow"
     turned = saved["scenarios"]["crossover_turn"]["jobs"]
@@ -565,7 +566,8 @@ def test_compare_end_to_end_under_the_tensorflow_backend(tmp_path):
 @pytest.mark.slow
 def test_compare_end_to_end_measures_the_shaped_links(tiniest_comparison):
     """The same comparison's root-only part: on shaped links the CPU and contention probes
-    ran, and Horovod's timelines split each allreduce."""
+    ran, the drift probe ran before and after the trials (issue 39) and compare.md shows it,
+    and Horovod's timelines split each allreduce."""
     tmp_path, _ = tiniest_comparison
     saved = json.loads((tmp_path / "compare.json").read_text())
     cluster = saved["settings"]["cluster"]
@@ -577,6 +579,11 @@ def test_compare_end_to_end_measures_the_shaped_links(tiniest_comparison):
     assert 0 <= saved["regime"]["comm_cpu"]["cpu_per_wait_s"] <= os.cpu_count()
     assert saved["regime"]["link_contention"]["shared_efficiency"] > 0
     assert saved["planner"]["link_contention"] == saved["regime"]["link_contention"]
+    drift = saved["regime"]["drift_probe"]
+    for when in ("start", "end"):
+        assert drift[when]["step_s"] > 0 and drift[when]["processes"] > 0, drift
+    assert "Drift probe (job A alone, 30 steps at 200 Mbit/s" in (
+        tmp_path / "compare.md").read_text()
     assert set(attribution["horovod"]["A"]) == {"sequential", "crossover"}
     assert attribution["horovod"]["A"]["crossover"]["transfer_ms"] > 0
 
@@ -607,7 +614,8 @@ def test_compare_three_jobs_crossing_end_to_end(tmp_path):
     compare.run(overrides={
         "model": "mlp", "dataset": "synthetic:mnist", "global_batch_size": 32, "steps": 14,
         "warmup_steps": 4, "bandwidth_mbit": 200.0, "out_dir": str(tmp_path), "jobs": 3,
-        "timeout_s": 300.0, "scenarios": ["sequential", "crossover"], "comm_cpu_probe": False})
+        "timeout_s": 300.0, "scenarios": ["sequential", "crossover"], "comm_cpu_probe": False,
+        "drift_probe": False})
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert saved["invalid"] == {}, saved["invalid"]  # the window guard is on and passed
     crossed = saved["scenarios"]["crossover"]

@@ -288,6 +288,7 @@ class _FakeCluster(contextlib.AbstractContextManager):
 LINK = CommFit(fixed_s=20 * MS, per_mbit_s=5.0)  # the fake link's M(B)
 COMPUTE_S = 0.1 / 1.1  # device time 100 ms with the 10% apply
 NOISY_COMM_S: dict[float, float] = {}  # bandwidth -> M overriding LINK (a noisy measurement)
+DRIFT_RUNS: list[str] = []  # the drift probe's runs (fake_runs keeps them out of its calls)
 
 
 @pytest.fixture
@@ -297,7 +298,7 @@ def fake_runs(monkeypatch):
     calls = []
 
     def run_scenario(cluster, c, name, out, run_name="", jobs=("A", "B"), steps=None):
-        calls.append(run_name)
+        (DRIFT_RUNS if out.name == "drift_probe" else calls).append(run_name)
         comm_s = NOISY_COMM_S.get(cluster.bandwidth_mbit, LINK.comm_s(cluster.bandwidth_mbit))
         trial = int(run_name[1:].split("_")[0]) if run_name.startswith("t") else 0
         stats = _scenario_stats(COMPUTE_S, comm_s, 1.4 + 0.2 * ((trial + 1) % 3 - 1))[name]
@@ -313,6 +314,7 @@ def fake_runs(monkeypatch):
                               bandwidth_mbit=bandwidth)
 
     from experiments.probes import comm_cpu
+    DRIFT_RUNS.clear()
     monkeypatch.setattr(calibrate, "cluster", lambda c, bandwidth: _FakeCluster(bandwidth))
     monkeypatch.setattr(scenarios, "run_scenario", run_scenario)
     monkeypatch.setattr(comm_cpu, "measure", measure)
@@ -928,25 +930,99 @@ def test_a_report_gives_one_recommendation_and_checks_every_trial():
 
 def test_each_trials_regime_is_tabulated_and_marked_when_it_drifts():
     """Issue 39's run: the solo step grew trial by trial (C from 0.5 s to 0.85 s) while M
-    stayed at 0.5 s, so M/C fell from about 1 to 0.54. Before: nothing in compare.md showed it.
-    Now each trial's solo step, C, M and M/C are in one table, a trial more than 15% off the
-    asked-for M/C is marked, and the verdict says how many trials were in the regime."""
-    per_trial = _trial_results([1.3] * 4, computes=[0.5, 0.77, 0.82, 0.85], comm_s=0.5)
-    result = dataclasses.replace(trials.combine(per_trial), regime=Regime(
-        comm_to_compute_asked=1.0, bandwidth_source="calibrated", bandwidth_mbit=19.1,
-        achieved_comm_to_compute=trials.spread([trials.comm_to_compute(t) for t in per_trial])))
+    stayed at 0.5 s, so M/C fell from about 1 to 0.54. Before: nothing in compare.md showed it,
+    and the calls rested on every trial. Now each trial's link, solo step, C, M and M/C are in
+    one table, a trial more than 15% off the asked-for M/C is marked, its ratios leave the
+    calls (which rest on the one trial in the regime), and the verdict says so."""
     from experiments.analysis import regime
+    per_trial = _trial_results([1.3, 1.6, 1.7, 1.8], computes=[0.5, 0.77, 0.82, 0.85],
+                               comm_s=0.5)
+    judged = regime.judge(per_trial, 1.0)
+    assert [bool(t.ratios) for t in judged] == [True, False, False, False]
+    assert "M/C 0.53 is more than 15% off" in judged[3].invalid[regime.OUT_OF_REGIME]
+    result = dataclasses.replace(trials.combine(judged), regime=Regime(
+        comm_to_compute_asked=1.0, bandwidth_source="calibrated", bandwidth_mbit=19.1,
+        achieved_comm_to_compute=trials.spread([trials.comm_to_compute(t) for t in judged])))
+    # The calls: trial 0's 1.3 alone, not the median over all four (1.65).
+    assert result.ratio_spread["crossover_over_sequential"].values == pytest.approx([1.3])
+    assert result.ratios["crossover_over_sequential"] == pytest.approx(1.3)
+    assert [e.trial for e in result.invalid[regime.OUT_OF_REGIME]] == [1, 2, 3]
     marks = [r.in_regime for r in regime.trial_regimes(result)]
     assert marks == [True, False, False, False]
     assert regime.in_regime_count(result) == (1, 4)
     table = report.markdown(result)
-    assert "| trial | A step / C / M (ms) | B step / C / M (ms) | M/C | within ±15% of 1 |" in table
-    assert "| 0 | 1050 / 550 / 500 | 1050 / 550 / 500 | 0.91 | yes |" in table
-    assert "| 3 | 1435 / 935 / 500 | 1435 / 935 / 500 | 0.53 | **no** |" in table
-    assert "1 of 4 trials ran within ±15% of the asked-for M/C 1; the calls below rest on" in table
-    assert "Trials in the regime: 1 of 4 within ±15% of the asked-for M/C." in table
+    assert ("| trial | Mbit/s | A step / C / M (ms) | B step / C / M (ms) | M/C | "
+            "within ±15% of 1 |") in table
+    assert "| 0 | — | 1050 / 550 / 500 | 1050 / 550 / 500 | 0.91 | yes |" in table
+    assert "| 3 | — | 1435 / 935 / 500 | 1435 / 935 / 500 | 0.53 | **no** |" in table
+    assert ("1 of 4 trials ran within ±15% of the asked-for M/C 1; the calls rest on the trials "
+            "in the regime alone (the other 3 are listed") in table
+    assert "Trials in the regime: 1 of 4 within ±15% of the asked-for M/C; the calls rest" in table
+    assert report.REGIME_HEADING in table and "- out of the regime (trial 3): its solo" in table
+    # No trial in the regime: every trial stays, and the report says the calls hold at the
+    # achieved M/C.
+    assert regime.judge(per_trial[1:], 1.0) == per_trial[1:]
+    assert regime.calls_basis(0, 3).startswith("; none did, so the calls rest on every trial")
     # A fixed link asks for no M/C: the table shows the drift, nothing is marked or counted.
     fixed = dataclasses.replace(result, regime=dataclasses.replace(
         result.regime, comm_to_compute_asked=None, bandwidth_source="fixed"))
     assert "| M/C | no M/C asked |" in report.markdown(fixed)
     assert regime.in_regime_count(fixed) is None
+
+
+def test_a_drifting_trial_reshapes_the_link_for_the_next(fake_runs, monkeypatch, tmp_path):
+    """Issue 39, item 1: the machine slows after calibration, the trials' compute 1.5x (M/C 2
+    falls to 1.33 in trial 0), so trial 1 runs on a link re-shaped from trial 0's C and M and
+    is back at M/C 2; the calls rest on trial 1; the drift probe runs before and after the
+    trials, and compare.md shows both probes and each trial's link."""
+    fake = scenarios.run_scenario
+    slow = 1.5
+
+    def drifting(cluster, c, name, out, run_name="", jobs=("A", "B"), steps=None):
+        stats = fake(cluster, c, name, out, run_name, jobs, steps)
+        if not run_name.startswith("t"):
+            return stats
+        return {j: _stats(j, s.step_time_s + (slow - 1) * s.compute_s, slow * s.compute_s,
+                          s.comm_s) for j, s in stats.items()}
+
+    monkeypatch.setattr(scenarios, "run_scenario", drifting)
+    compare.run(overrides={"comm_to_compute": 2.0, "trials": 2, "out_dir": str(tmp_path)})
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    links = [t["settings"]["bandwidth_mbit"] for t in saved["per_trial"]]
+    first = 5.0 / (2.0 * 0.1 - 0.02)
+    # Trial 0: C = 150 ms (device time with the apply), M = 200 ms at 27.8 Mbit/s; k through
+    # that M is (0.2 - 0.02) * 27.8 = 5.0, and M/C = 2 needs 5 / (2 * 0.15 - 0.02).
+    assert links == pytest.approx([first, 5.0 / (2 * 0.15 - 0.02)])
+    assert DRIFT_RUNS == ["start", "end"]
+    assert saved["regime"]["drift_probe"]["bandwidth_mbit"] == pytest.approx(first)
+    assert saved["regime"]["drift_probe"]["start"]["processes"] > 0
+    markdown = (tmp_path / "compare.md").read_text()
+    assert "Drift probe (job A alone, 30 steps at 27.78 Mbit/s" in markdown
+    assert f"| 1 | {links[1]:.4g} |" in markdown
+    assert "- out of the regime (trial 0): its solo runs' M/C 1.33" in markdown
+    assert "| 1 | 17.86 | 445 / 150 / 300 | 445 / 150 / 300 | 2.00 | yes |" in markdown
+    assert saved["ratio_spread"]["crossover_over_sequential"]["values"] == [
+        saved["per_trial"][1]["ratios"]["crossover_over_sequential"]]
+    assert saved["per_trial"][0]["ratios"] == {}
+
+
+def test_the_length_estimate_and_the_budget_fit_the_steps():
+    """Issue 34, item 2: a run costs its start-up plus its steps, from the calibration's walls;
+    a budget shortens every run's steps to fit, never below warm-up + MIN_TIMED_STEPS."""
+    from experiments.comparison import budget
+    record = {"points": [
+        {"bandwidth_mbit": 100.0, "compute_s": 0.5, "comm_s": 0.1, "wall_s": 48.0, "steps": 30},
+        {"bandwidth_mbit": 10.0, "compute_s": 0.5, "comm_s": 0.5, "wall_s": 60.0, "steps": 30}],
+        "fit": {"fixed_s": 0.0556, "per_mbit_s": 4.44}, "compute_s": 0.5}
+    cost = budget.run_cost(record, 4.44)  # M = 0.0556 + 1 s
+    assert cost.start_up_s == pytest.approx(30.0)
+    assert cost.step_s == pytest.approx(1.5556)
+    names = ["sequential", "naive", "crossover", "crossover_turn"]
+    # Per trial: sequential 2 x (30 + 40 x 1.5556) = 184.4 s, each concurrent scenario that
+    # over 1.5: 4 trials x (184.4 + 3 x 122.96) = 2213 s.
+    assert budget.trials_s(cost, names, 2, 40, 4) == pytest.approx(2213.3, abs=0.5)
+    assert budget.fitting_steps(cost, names, 2, 4, 40, 10, 3000.0) == 40
+    assert budget.fitting_steps(cost, names, 2, 4, 40, 10, 2000.0) == 34
+    assert budget.fitting_steps(cost, names, 2, 4, 40, 10, 600.0) == 30  # the floor
+    assert budget.run_cost({"points": [{"bandwidth_mbit": 1, "compute_s": 1, "comm_s": 1}]},
+                           1.0) is None  # a record from before the walls
