@@ -98,6 +98,9 @@ PRIMARY_WAIT_OVER_MICRO_BATCH = Metric("primary_max_wait_over_micro_batch",
 ON_SEQUENTIAL = (*(r.key for r in SCENARIO_RATIOS if SEQUENTIAL in (r.top, r.bottom)),
                  IDEAL.key, *(m.key for m in OVER_IDEAL.values()), PRIMARY_OVER_SOLO.key,
                  SECONDARY_OVER_SOLO.key)
+# A trial's invalid entry that names no scenario: the whole trial ran more than the tolerance
+# off the asked-for M/C, and its ratios are left out of the calls (experiments/analysis/regime).
+OUT_OF_REGIME = "out of the regime"
 
 # compare.md's ratio table, in its row order.
 TABLE = (CROSSOVER_OVER_SEQUENTIAL, CROSSOVER_OVER_NAIVE, IDEAL, OVER_IDEAL[CROSSOVER],

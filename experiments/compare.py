@@ -72,7 +72,7 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
                         "this run profiles, its throughput is not comparable to others")
     out = pathlib.Path(c.out_dir)  # compare_at and calibrate make the directories they use
     if sweep_ratios(c):
-        return run_sweep(c, out, sweep_ratios(c))
+        return run_sweep(c, out, sweep_ratios(c), started)
     if c.bandwidth_mbit is not None:
         costs = measure_comm_costs(c, out, c.bandwidth_mbit, None)
         return compare_at(c, out, c.bandwidth_mbit, Regime(None, "fixed", None, **costs),

@@ -9,6 +9,9 @@ global positions s*G + i + n*k (n shards, G = n * local_batch_size): the union o
 step-s batches is the single-process step-s global batch. Trimming each epoch to a multiple of
 num_shards keeps the ranks in lockstep across epoch boundaries. The shuffle order also depends on
 TensorFlow's global seed, so every rank must set the same one (keras.utils.set_random_seed).
+
+tf.data's autotuning is off (fixed_pipeline_options): its model thread outlived every fit by up
+to its optimisation period, and its passes ran on the core the job measures on.
 """
 from __future__ import annotations
 
@@ -164,7 +167,24 @@ def _sharded_batches(
     if repeat:
         examples = examples.repeat()
     examples = examples.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return examples.batch(local_batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    batches = examples.batch(local_batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return batches.with_options(fixed_pipeline_options())
+
+
+def fixed_pipeline_options() -> tf.data.Options:
+    """tf.data options without the autotuning model thread (AUTOTUNE's parallelism and buffer
+    then keep their defaults: the cores this process may use, and a prefetch buffer that
+    grows while the step waits).
+
+    Why: in TensorFlow 2.21 the iterator's destructor waits for that thread, which sleeps out
+    its optimisation period, growing to a minute, before it sees the cancellation: in the main
+    job, 0 to 51 s passed between a run's last step and fit's return (gdb: the main thread in
+    ~RootDataset::Iterator waiting on Model::OptimizeLoop). Its optimisation passes also ran
+    on the one core each emulated host has, the core whose compute time C the comparison
+    measures."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
 
 
 def _parse_name(name: str) -> tuple[str | None, bool]:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from crossover_tf_planner import registry
 from crossover_tf_planner.compare_record import Comparison, Trial
 from experiments.comparison import trials as trials_lib
 
 TOLERANCE = 0.15  # a trial's M/C within +-15% of the asked-for M/C is in the regime
 # Where a trial out of the regime says so (Trial.invalid's key; compare.md lists it apart).
-OUT_OF_REGIME = "out of the regime"
+OUT_OF_REGIME = registry.OUT_OF_REGIME
 
 
 def in_tolerance(ratio: float, asked: float) -> bool:
@@ -115,19 +116,23 @@ def drift_lines(result: Comparison) -> list[str]:
     counted = _count(regimes)
     if counted is not None:
         lines += ["", f"{counted[0]} of {counted[1]} trials ran within ±{TOLERANCE:.0%} of the "
-                  f"asked-for M/C {asked:g}{calls_basis(*counted)}"]
+                  f"asked-for M/C {asked:g}{calls_basis(result)}"]
     return lines
 
 
-def calls_basis(inside: int, total: int) -> str:
-    """What the calls rest on, given how many trials were in the regime (judge's rule)."""
-    if inside == total:
+def calls_basis(result: Comparison) -> str:
+    """What the calls rest on: the trials in the regime alone where judge left the others out
+    (their reasons under OUT_OF_REGIME); every trial where all were in the regime, or none
+    (or in a record written before judge, whose calls rest on every trial, drifted or not)."""
+    counted = in_regime_count(result)
+    if counted is None or counted[0] == counted[1]:
         return "."
-    if inside:
-        return (f"; the calls rest on the trials in the regime alone (the other "
-                f"{total - inside} are listed under 'Out of the regime').")
-    return ("; none did, so the calls rest on every trial and hold at the achieved M/C above, "
-            "not at the asked-for one.")
+    if OUT_OF_REGIME in result.invalid:
+        left_out = len(result.invalid[OUT_OF_REGIME])
+        return (f"; the calls rest on the trials in the regime alone (the other {left_out} are "
+                "listed under 'Out of the regime').")
+    return ("; the calls rest on every trial, out of the regime ones included, and hold at the "
+            "achieved M/C above, not at the asked-for one.")
 
 
 def drift_probe_lines(result: Comparison) -> list[str]:
@@ -145,13 +150,16 @@ def drift_probe_lines(result: Comparison) -> list[str]:
              f"{probe['bandwidth_mbit']:.4g} Mbit/s, before and after the trials): the machine "
              f"{held} (step {change:+.1%}).", "",
              "| probe | step (ms) | C (ms) | M (ms) | processes | namespaces | /dev/shm files "
-             "| load (1 min) | CPU steal (s) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| load (1 min) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, run in (("start", start), ("end", end)):
         lines.append(f"| {name} | {_ms(run, 'step_s')} | {_ms(run, 'compute_s')} | "
-                     f"{_ms(run, 'comm_s')} | {run.get('processes', '—')} | "
-                     f"{run.get('namespaces', '—')} | {run.get('shm_files', '—')} | "
-                     f"{run.get('load_1min', 0):.2f} | {_steal_s(run)} |")
+                     f"{_ms(run, 'comm_s')} | {_cell(run, 'processes')} | "
+                     f"{_cell(run, 'namespaces')} | {_cell(run, 'shm_files')} | "
+                     f"{_cell(run, 'load_1min', '.2f')} |")
+    if start.get("steal_s") is not None and end.get("steal_s") is not None:
+        lines += ["", f"CPU time stolen by the hypervisor between the probes: "
+                  f"{end['steal_s'] - start['steal_s']:.1f} s."]
     return lines
 
 
@@ -159,6 +167,6 @@ def _ms(run: Mapping[str, Any], key: str) -> str:
     return f"{1e3 * run[key]:.0f}"
 
 
-def _steal_s(run: Mapping[str, Any]) -> str:
-    jiffies = run.get("steal_jiffies")
-    return "—" if jiffies is None else f"{jiffies / 100:.1f}"
+def _cell(run: Mapping[str, Any], key: str, spec: str = "") -> str:
+    value = run.get(key)
+    return "—" if value is None else format(value, spec)

@@ -201,7 +201,7 @@ def _verdict_lines(result: Comparison, n_trials: int) -> list[str]:
     counted = regime_lib.in_regime_count(result)
     within = (["", f"Trials in the regime: {counted[0]} of {counted[1]} within "
                    f"±{regime_lib.TOLERANCE:.0%} of the asked-for M/C"
-                   + regime_lib.calls_basis(*counted)]
+                   + regime_lib.calls_basis(result)]
               if counted is not None and counted[1] > 1 else [])
     return [f"Over all {n_trials} trial(s): recommended **{recommended}**; measured winner: "
             f"**{winner}**.", *within, "", trials.VERDICT_RULE]

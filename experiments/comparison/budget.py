@@ -42,16 +42,17 @@ class RunCost:
 
 def run_cost(calibration: Mapping[str, Any], bandwidth_mbit: float) -> RunCost | None:
     """The cost of a solo run at `bandwidth_mbit` from a calibration record (calibrate.py's):
-    the start-up is the median over its points of wall minus steps x (C + M); a step at the
-    link is C + M(B) from the fit. None for a record without walls (written before them)."""
+    a step there is C + M(B) from the fit plus what else a calibration step did beyond its C
+    and M (the median over the points); the start-up is the median of wall minus steps x
+    step. None for a record without walls (written before them)."""
     points = [CalibrationPoint(**p) for p in calibration.get("points", ())]
-    timed = [p for p in points if p.wall_s is not None and p.steps]
+    timed = [p for p in points if p.wall_s is not None and p.steps and p.step_s]
     if not timed or "fit" not in calibration:
         return None
     fit = CommFit(**calibration["fit"])
-    start_up = statistics.median(
-        max(p.wall_s - p.steps * (p.compute_s + p.comm_s), 0.0) for p in timed)
-    return RunCost(start_up, calibration["compute_s"] + fit.comm_s(bandwidth_mbit))
+    other_s = statistics.median(max(p.step_s - p.compute_s - p.comm_s, 0.0) for p in timed)
+    start_up = statistics.median(max(p.wall_s - p.steps * p.step_s, 0.0) for p in timed)
+    return RunCost(start_up, calibration["compute_s"] + fit.comm_s(bandwidth_mbit) + other_s)
 
 
 def trials_s(cost: RunCost, scenarios: Sequence[str], jobs: int, steps: int,

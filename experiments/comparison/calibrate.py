@@ -23,15 +23,20 @@ def cluster(c: Any, bandwidth_mbit: float | None) -> Any:
                            latency_ms=c.latency_ms, force_localhost=c.force_localhost)
 
 
+class NotEmulated(RuntimeError):
+    """The cluster fell back to localhost ranks: no link to calibrate or probe."""
+
+
 def solo_run(c: Any, out: pathlib.Path, bandwidth: float, run_name: str
              ) -> tuple[JobStats, float, int]:
     """A short solo run of job A (holding an uncontended lease) on a cluster at `bandwidth`:
-    its stats, its wall time (start-up included) and its steps."""
+    its stats, its wall time (start-up included) and its steps; NotEmulated on a localhost
+    fallback."""
     steps = c.warmup_steps + c.calibration_timed_steps
     with cluster(c, bandwidth) as emulated:
         if not emulated.is_emulated:
-            raise RuntimeError(f"calibration needs the emulated, shaped cluster, but it fell back "
-                               f"to localhost ({emulated.fallback_reason}); set --bandwidth_mbit")
+            raise NotEmulated(f"the emulated, shaped cluster fell back to localhost "
+                              f"({emulated.fallback_reason})")
         started = time.monotonic()
         stats = scenarios.run_scenario(emulated, c, "sequential", out, run_name=run_name,
                                        jobs=("A",), steps=steps)["A"]
@@ -41,19 +46,29 @@ def solo_run(c: Any, out: pathlib.Path, bandwidth: float, run_name: str
 def _calibration_point(c: Any, out: pathlib.Path, bandwidth: float
                        ) -> calibration.CalibrationPoint:
     """One calibration run (solo_run) at `bandwidth`, as a point of the fit."""
-    stats, wall_s, steps = solo_run(c, out / "calibration", bandwidth, f"{bandwidth:.4g}mbit")
-    point = calibration.CalibrationPoint(bandwidth, stats.device_s, stats.comm_s, wall_s, steps)
+    try:
+        stats, wall_s, steps = solo_run(c, out / "calibration", bandwidth,
+                                        f"{bandwidth:.4g}mbit")
+    except NotEmulated as err:
+        raise RuntimeError(f"calibration needs shaped links: {err}; set --bandwidth_mbit") from None
+    point = calibration.CalibrationPoint(bandwidth, stats.device_s, stats.comm_s, wall_s, steps,
+                                         stats.step_time_s)
     logging.info("calibration at %.4g Mbit/s: C=%.1f ms, M=%.1f ms", bandwidth,
                  1e3 * point.compute_s, 1e3 * point.comm_s)
     return point
 
 
-def drift_probe(c: Any, out: pathlib.Path, bandwidth: float, when: str) -> dict[str, Any]:
+def drift_probe(c: Any, out: pathlib.Path, bandwidth: float, when: str
+                ) -> dict[str, Any] | None:
     """The drift probe (issue 39): the same short solo run, with nothing else of the comparison
     running, before the trials and after them, so a machine or a project that slows over the
     run shows as a slower end than start. Beside it, what could pile up over a run
-    (machine_census)."""
-    stats, wall_s, steps = solo_run(c, out / "drift_probe", bandwidth, when)
+    (machine_census). None, with a warning, where the cluster fell back to localhost."""
+    try:
+        stats, wall_s, steps = solo_run(c, out / "drift_probe", bandwidth, when)
+    except NotEmulated as err:
+        logging.warning("no drift probe: %s", err)
+        return None
     logging.info("drift probe (%s) at %.4g Mbit/s: step %.1f ms, C=%.1f ms, M=%.1f ms", when,
                  bandwidth, 1e3 * stats.step_time_s, 1e3 * stats.device_s, 1e3 * stats.comm_s)
     return {"step_s": stats.step_time_s, "compute_s": stats.device_s, "comm_s": stats.comm_s,
@@ -62,8 +77,8 @@ def drift_probe(c: Any, out: pathlib.Path, bandwidth: float, when: str) -> dict[
 
 def machine_census() -> dict[str, Any]:
     """What a run could leave behind and what else loads the machine: processes, network
-    namespaces, files in /dev/shm (lease segments), the 1-minute load and the CPU steal so
-    far (jiffies, /proc/stat)."""
+    namespaces, files in /dev/shm (lease segments), the 1-minute load and the CPU time stolen
+    by the hypervisor since boot (/proc/stat, seconds)."""
     from experiments.cluster import cleanup
     proc, shm = pathlib.Path("/proc"), pathlib.Path("/dev/shm")
     fields = (proc / "stat").read_text().split("\n", 1)[0].split()
@@ -71,7 +86,7 @@ def machine_census() -> dict[str, Any]:
             "namespaces": len(cleanup.list_namespaces()),
             "shm_files": len(list(shm.iterdir())) if shm.is_dir() else None,
             "load_1min": os.getloadavg()[0],
-            "steal_jiffies": int(fields[8]) if len(fields) > 8 else None}
+            "steal_s": int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else None}
 
 
 def calibrate(c: Any, out: pathlib.Path, ratios: Sequence[float]

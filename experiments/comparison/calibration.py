@@ -37,6 +37,7 @@ class CalibrationPoint:
     comm_s: float  # allreduce per step, M = JobStats.comm_s
     wall_s: float | None = None  # the whole run, start-up included (budget.py's estimate)
     steps: int | None = None  # steps it ran, warm-up included
+    step_s: float | None = None  # its median step (C, M and what else a step does)
 
 
 @dataclasses.dataclass(frozen=True)

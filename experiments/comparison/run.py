@@ -83,7 +83,9 @@ def _fit_budget(c: Any, regime: Regime, bandwidth: float | None, started: float 
     from."""
     cost = budget.run_cost(regime.calibration or {}, bandwidth) if bandwidth else None
     if cost is None:
-        logging.info("no length estimate: a fixed link has no calibration runs to time")
+        (logging.warning if c.budget_minutes else logging.info)(
+            "no length estimate%s: a fixed link has no calibration runs to time",
+            " and --budget_minutes is not applied" if c.budget_minutes else "")
         return c
     names = settings.scenario_names(c)
     probes_s = (2 * cost.solo_run_s(c.warmup_steps + c.calibration_timed_steps)
@@ -120,9 +122,9 @@ def compare_at(c: Any, out: pathlib.Path, bandwidth: float | None, regime: Regim
     drift = _probes_drift(c, bandwidth)
     start = calibrate.drift_probe(c, out, bandwidth, "start") if drift else None
     stats, cluster_info, links = _run_trials(c, out, bandwidth, regime)
-    end = calibrate.drift_probe(c, out, bandwidth, "end") if drift else None
+    end = calibrate.drift_probe(c, out, bandwidth, "end") if start else None
     regime = dataclasses.replace(regime, bandwidth_mbit=bandwidth, drift_probe=(
-        {"bandwidth_mbit": bandwidth, "start": start, "end": end} if drift else None))
+        {"bandwidth_mbit": bandwidth, "start": start, "end": end} if start and end else None))
     per_trial = [bounds.judge(summary.summarise(
         s, c.warmup_steps, {"trial": trial, "order": list(s), "bandwidth_mbit": links[trial]},
         regime)) for trial, s in enumerate(stats)]
@@ -181,17 +183,25 @@ def raise_if_nothing_measured(result: Comparison, asked: Sequence[str]) -> None:
         raise RuntimeError(f"no concurrent scenario ran long enough to measure ({reasons})")
 
 
-def run_sweep(c: Any, out: pathlib.Path, ratios: Sequence[float]) -> dict[str, Any]:
+def run_sweep(c: Any, out: pathlib.Path, ratios: Sequence[float], started: float
+              ) -> dict[str, Any]:
     """One calibration (every ratio checked reachable before any comparison), then the
-    comparison at each ratio in <out>/ratio_<r>; writes sweep.{json,md,png}."""
+    comparison at each ratio in <out>/ratio_<r>, each within an equal share of what is left of
+    --budget_minutes (`started`: time.monotonic() when the sweep began); writes
+    sweep.{json,md,png}."""
     bandwidths, record = calibrate.calibrate(c, out, ratios)
     # One probe at the middle bandwidth: the CPU cost is per second and per MB, the link
     # contention a ratio of times.
     middle = sorted(bandwidths.values())[len(bandwidths) // 2]
     costs = measure_comm_costs(c, out, middle, record)
-    rows = [sweep.row(compare_at(c, out / f"ratio_{ratio:g}", bandwidths[ratio],
-                                 Regime(ratio, "calibrated", record, **costs)))
-            for ratio in ratios]
+    rows = []
+    for index, ratio in enumerate(ratios):  # each ratio gets an equal share of what is left
+        share = (c.budget_minutes - (time.monotonic() - started) / 60) / (len(ratios) - index)
+        at = types.SimpleNamespace(**{**vars(c), "budget_minutes": max(share, 1e-3)}
+                                   ) if c.budget_minutes else c
+        rows.append(sweep.row(compare_at(at, out / f"ratio_{ratio:g}", bandwidths[ratio],
+                                         Regime(ratio, "calibrated", record, **costs),
+                                         time.monotonic())))
     result = {"calibration": record, "rows": rows}
     (out / "sweep.json").write_text(json.dumps(result, indent=2))
     table = sweep.markdown(rows)

@@ -940,6 +940,7 @@ def test_each_trials_regime_is_tabulated_and_marked_when_it_drifts():
     judged = regime.judge(per_trial, 1.0)
     assert [bool(t.ratios) for t in judged] == [True, False, False, False]
     assert "M/C 0.53 is more than 15% off" in judged[3].invalid[regime.OUT_OF_REGIME]
+    assert planning.with_planner(judged[3]) is judged[3]  # not checked against the calls
     result = dataclasses.replace(trials.combine(judged), regime=Regime(
         comm_to_compute_asked=1.0, bandwidth_source="calibrated", bandwidth_mbit=19.1,
         achieved_comm_to_compute=trials.spread([trials.comm_to_compute(t) for t in judged])))
@@ -962,7 +963,8 @@ def test_each_trials_regime_is_tabulated_and_marked_when_it_drifts():
     # No trial in the regime: every trial stays, and the report says the calls hold at the
     # achieved M/C.
     assert regime.judge(per_trial[1:], 1.0) == per_trial[1:]
-    assert regime.calls_basis(0, 3).startswith("; none did, so the calls rest on every trial")
+    untouched = dataclasses.replace(result, invalid={})  # a record from before judge
+    assert regime.calls_basis(untouched).startswith("; the calls rest on every trial")
     # A fixed link asks for no M/C: the table shows the drift, nothing is marked or counted.
     fixed = dataclasses.replace(result, regime=dataclasses.replace(
         result.regime, comm_to_compute_asked=None, bandwidth_source="fixed"))
@@ -1011,8 +1013,10 @@ def test_the_length_estimate_and_the_budget_fit_the_steps():
     a budget shortens every run's steps to fit, never below warm-up + MIN_TIMED_STEPS."""
     from experiments.comparison import budget
     record = {"points": [
-        {"bandwidth_mbit": 100.0, "compute_s": 0.5, "comm_s": 0.1, "wall_s": 48.0, "steps": 30},
-        {"bandwidth_mbit": 10.0, "compute_s": 0.5, "comm_s": 0.5, "wall_s": 60.0, "steps": 30}],
+        {"bandwidth_mbit": 100.0, "compute_s": 0.5, "comm_s": 0.1, "wall_s": 48.0, "steps": 30,
+         "step_s": 0.6},
+        {"bandwidth_mbit": 10.0, "compute_s": 0.5, "comm_s": 0.5, "wall_s": 60.0, "steps": 30,
+         "step_s": 1.0}],
         "fit": {"fixed_s": 0.0556, "per_mbit_s": 4.44}, "compute_s": 0.5}
     cost = budget.run_cost(record, 4.44)  # M = 0.0556 + 1 s
     assert cost.start_up_s == pytest.approx(30.0)
@@ -1026,3 +1030,18 @@ def test_the_length_estimate_and_the_budget_fit_the_steps():
     assert budget.fitting_steps(cost, names, 2, 4, 40, 10, 600.0) == 30  # the floor
     assert budget.run_cost({"points": [{"bandwidth_mbit": 1, "compute_s": 1, "comm_s": 1}]},
                            1.0) is None  # a record from before the walls
+
+
+def test_the_drift_probe_is_skipped_on_a_localhost_fallback(fake_runs, monkeypatch, tmp_path):
+    """A fixed link without root runs on localhost ranks: no link to probe, so no drift probe
+    (and no crash, as the calibration's error would be), and compare.json has none."""
+    class Localhost(_FakeCluster):
+        def __init__(self, bandwidth_mbit):
+            super().__init__(bandwidth_mbit)
+            self.is_emulated, self.fallback_reason = False, "no root"
+
+    monkeypatch.setattr(calibrate, "cluster", lambda c, bandwidth: Localhost(bandwidth))
+    compare.run(overrides={"bandwidth_mbit": 50.0, "out_dir": str(tmp_path),
+                           "comm_cpu_probe": False, "budget_minutes": 30.0})
+    assert DRIFT_RUNS == []
+    assert "drift_probe" not in json.loads((tmp_path / "compare.json").read_text())["regime"]
