@@ -11,7 +11,7 @@ CPU-bound: localhost ranks with a batch of 4096 (C ~50 ms; the tiniest compariso
 steps on its 200 Mbit/s link hold 1 ms of compute). There naive's aggregate is about one job's
 clean solo rate, and the bound fires only when the solo runs are slowed more than ~2.2x. Busy
 loops sharing one session weigh as one process under the kernel's autogroup scheduling (tried:
-no slowdown, with 1 and with 8 loops per core); with each in a session of its own, 2 per core
+no slowdown, with 1 and with 4 loops per core); with each in a session of its own, 2 per core
 slowed the solo runs 2.3x and naive came out 25% above their sum; 3 per core, 40%; 4 per core,
 92% (3.8x). BURNERS_PER_CORE = 3 keeps a margin.
 """
