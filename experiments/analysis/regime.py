@@ -20,8 +20,6 @@ from crossover_tf_planner.compare_record import Comparison, Trial
 from experiments.comparison import trials as trials_lib
 
 TOLERANCE = 0.15  # a trial's M/C within +-15% of the asked-for M/C is in the regime
-# Where a trial out of the regime says so (Trial.invalid's key; compare.md lists it apart).
-OUT_OF_REGIME = registry.OUT_OF_REGIME
 
 
 def in_tolerance(ratio: float, asked: float) -> bool:
@@ -43,7 +41,7 @@ def judge(per_trial: Sequence[Trial], asked: float | None) -> list[Trial]:
     if not inside or len(inside) == len(per_trial):
         return list(per_trial)
     return [t if i in inside else dataclasses.replace(
-        t, ratios={}, invalid={**t.invalid, OUT_OF_REGIME: (
+        t, ratios={}, invalid={**t.invalid, registry.OUT_OF_REGIME: (
             f"its solo runs' M/C {ratio[i]:.2f} is more than {TOLERANCE:.0%} off the asked-for "
             f"{asked:g}: every ratio of this trial is left out of the calls" if i in ratio else
             "no solo runs to say its M/C: every ratio of this trial is left out of the calls")})
@@ -122,13 +120,13 @@ def drift_lines(result: Comparison) -> list[str]:
 
 def calls_basis(result: Comparison) -> str:
     """What the calls rest on: the trials in the regime alone where judge left the others out
-    (their reasons under OUT_OF_REGIME); every trial where all were in the regime, or none
+    (their reasons under registry.OUT_OF_REGIME); every trial where all were in the regime, or none
     (or in a record written before judge, whose calls rest on every trial, drifted or not)."""
     counted = in_regime_count(result)
     if counted is None or counted[0] == counted[1]:
         return "."
-    if OUT_OF_REGIME in result.invalid:
-        left_out = len(result.invalid[OUT_OF_REGIME])
+    if registry.OUT_OF_REGIME in result.invalid:
+        left_out = len(result.invalid[registry.OUT_OF_REGIME])
         return (f"; the calls rest on the trials in the regime alone (the other {left_out} are "
                 "listed under 'Out of the regime').")
     return ("; the calls rest on every trial, out of the regime ones included, and hold at the "

@@ -61,7 +61,7 @@ def _invalid_lines(result: Comparison) -> list[str]:
     sequential run broke a sanity bound (analysis/bounds.py: their ratios among concurrent
     scenarios still count) and trials out of the regime (analysis/regime.judge); and failed
     sanity checks: said where the numbers are, so nobody reads a table without them."""
-    apart = {registry.SEQUENTIAL: BOUNDS_HEADING, regime_lib.OUT_OF_REGIME: REGIME_HEADING}
+    apart = {registry.SEQUENTIAL: BOUNDS_HEADING, registry.OUT_OF_REGIME: REGIME_HEADING}
     lines = []
     for heading, entries in (
             (INVALID_HEADING, {n: r for n, r in result.invalid.items() if n not in apart}),

@@ -43,12 +43,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from crossover_tf_planner.comm_cost import CommCpu, LinkContention, fit, fit_contention
 from experiments.analysis.throughput import fractional_steps
+from experiments.probes.busy_loops import busy_loops
 
 MIN_RUN_S = 2.0
 DEFAULT_MB = 4.0  # allreduce size when the job's own is unknown (the cost is per MB)
 MAX_ALLREDUCES = 2000
 MIN_OVERLAP_ALLREDUCES = 3  # sharing needs the two jobs together for this many solo allreduces
-MAX_BUSY_S = 600.0  # a busy loop ends by itself even if its rank is killed
 BACKEND_ENV = "CROSSOVER_PROBE_BACKEND"  # the probe ranks' communication backend
 
 
@@ -94,7 +94,9 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
         from experiments.barrier import wait_at_barrier
         wait_at_barrier(start_barrier, f"rank{comm.rank}-pid{os.getpid()}")
     spans_s = []
-    with _busy_loop(busy_core):
+    # The compute of a co-located job, without TensorFlow: a spinner on this rank's core (it
+    # inherits the host's CPU affinity) in the rank's own session.
+    with busy_loops(1 if busy_core else 0):
         wall0, cpu0 = time.perf_counter(), _cpu_s()
         for gap in gaps:
             begin = time.time()
@@ -127,23 +129,6 @@ def _gaps(mean_gap_s: float, seconds: float, per_allreduce_s: float) -> list[flo
     count = min(MAX_ALLREDUCES, max(5, int(seconds / (per_allreduce_s + mean_gap_s))))
     draw = random.Random(zlib.crc32(os.environ.get("CROSSOVER_JOB", "probe").encode()))
     return [draw.uniform(0.0, 2 * mean_gap_s) for _ in range(count)]
-
-
-@contextlib.contextmanager
-def _busy_loop(enabled: bool) -> Iterator[None]:
-    """A process spinning on this rank's core (it inherits the host's CPU affinity) while the
-    block runs: the compute of a co-located job, without TensorFlow."""
-    if not enabled:
-        yield
-        return
-    import subprocess
-    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + "
-                                f"{MAX_BUSY_S}\nwhile time.monotonic() < end: pass"])
-    try:
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 def _run_probes(cluster: Any, names: Sequence[str], megabytes: float, seconds: float,

@@ -17,39 +17,18 @@ slowed the solo runs 2.3x and naive came out 25% above their sum; 3 per core, 40
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import subprocess
-import sys
-from typing import Iterator
 
 import pytest
 
 from experiments import compare
 from experiments.analysis import report
 from experiments.comparison import scenarios
+from experiments.probes.busy_loops import busy_loops
 
 BURNERS_PER_CORE = 3
 BURN_LIMIT_S = 300  # a busy loop ends by itself even if the test process dies
-BURN = f"import time\nend = time.monotonic() + {BURN_LIMIT_S}\nwhile time.monotonic() < end: pass"
-
-
-@contextlib.contextmanager
-def busy_cores(per_core: int) -> Iterator[None]:
-    """`per_core` busy-loop processes per CPU for the duration of the block, each in a session
-    of its own: with the kernel's autogroup scheduling (sched_autogroup_enabled=1) CPU time is
-    shared between sessions first, so burners sharing one session would weigh as one process
-    against each rank (which the launcher starts in a session of its own)."""
-    burners = [subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
-               for _ in range(per_core * (os.cpu_count() or 1))]
-    try:
-        yield
-    finally:
-        for burner in burners:
-            burner.kill()
-        for burner in burners:
-            burner.wait(timeout=30)
 
 
 @pytest.mark.multiprocess
@@ -62,7 +41,9 @@ def test_a_baseline_slowed_by_busy_cores_is_refused_with_its_reason(tmp_path, mo
         if name != "sequential":
             return real_run_scenario(cluster, c, name, *args, **kwargs)
         slowed.append(name)
-        with busy_cores(BURNERS_PER_CORE):
+        # Each loop in a session of its own (busy_loops' docstring: autogroup scheduling).
+        with busy_loops(BURNERS_PER_CORE * (os.cpu_count() or 1), own_sessions=True,
+                        limit_s=BURN_LIMIT_S):
             return real_run_scenario(cluster, c, name, *args, **kwargs)
 
     monkeypatch.setattr(scenarios, "run_scenario", sequential_on_busy_cores)

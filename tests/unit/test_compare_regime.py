@@ -939,7 +939,7 @@ def test_each_trials_regime_is_tabulated_and_marked_when_it_drifts():
                                comm_s=0.5)
     judged = regime.judge(per_trial, 1.0)
     assert [bool(t.ratios) for t in judged] == [True, False, False, False]
-    assert "M/C 0.53 is more than 15% off" in judged[3].invalid[regime.OUT_OF_REGIME]
+    assert "M/C 0.53 is more than 15% off" in judged[3].invalid[registry.OUT_OF_REGIME]
     assert planning.with_planner(judged[3]) is judged[3]  # not checked against the calls
     result = dataclasses.replace(trials.combine(judged), regime=Regime(
         comm_to_compute_asked=1.0, bandwidth_source="calibrated", bandwidth_mbit=19.1,
@@ -947,7 +947,7 @@ def test_each_trials_regime_is_tabulated_and_marked_when_it_drifts():
     # The calls: trial 0's 1.3 alone, not the median over all four (1.65).
     assert result.ratio_spread["crossover_over_sequential"].values == pytest.approx([1.3])
     assert result.ratios["crossover_over_sequential"] == pytest.approx(1.3)
-    assert [e.trial for e in result.invalid[regime.OUT_OF_REGIME]] == [1, 2, 3]
+    assert [e.trial for e in result.invalid[registry.OUT_OF_REGIME]] == [1, 2, 3]
     marks = [r.in_regime for r in regime.trial_regimes(result)]
     assert marks == [True, False, False, False]
     assert regime.in_regime_count(result) == (1, 4)
