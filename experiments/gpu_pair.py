@@ -73,9 +73,11 @@ def scenario_commands(c: Any, name: str, out: pathlib.Path) -> tuple[dict[str, l
 
 def this_machine() -> EmulatedCluster:
     """This machine as the launcher's one (localhost) host, its ranks free to use every CPU
-    this process may (an emulated host pins its ranks to one)."""
+    this process may (an emulated host pins its ranks to one). Horovod keeps its own cycle
+    time: on a GPU its polling is host CPU, not device time (netns.DEFAULT_CYCLE_TIME_MS)."""
     cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-    return EmulatedCluster(num_hosts=1, cpus=[cpus], force_localhost=True)
+    return EmulatedCluster(num_hosts=1, cpus=[cpus], force_localhost=True,
+                           horovod_cycle_time_ms=None)
 
 
 def _run_scenario(cluster: EmulatedCluster, c: Any, name: str, out: pathlib.Path

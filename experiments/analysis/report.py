@@ -87,6 +87,9 @@ def _regime_lines(result: Comparison) -> list[str]:
              f"| M/C asked for | {'—' if asked is None else f'{asked:g}'} |",
              f"| M/C achieved (solo runs) | {with_spread(regime.achieved_comm_to_compute)} |",
              f"| bandwidth (Mbit/s, {source}) | {regime.bandwidth_mbit:.4g} |"]
+    cycle = result.settings.get("cluster", {}).get("horovod_cycle_time_ms")
+    if cycle is not None:
+        lines.append(f"| Horovod cycle time (ms, every rank: HOROVOD_CYCLE_TIME) | {cycle:g} |")
     contention = regime.link_contention
     if contention:
         lines += [f"| link's shared efficiency (allreduces overlapping at random) | "

@@ -104,13 +104,15 @@ def terminate_ranks(ranks: Sequence[Rank], grace_s: float = TERMINATE_GRACE_S) -
 
 
 def rank_env(host: Host, backend_env: Mapping[str, str], extra_env: Mapping[str, str],
-             host_device_key: bool = True) -> dict[str, str]:
-    """Environment of one rank: caller's env, the backend's (Horovod's Gloo run + slot vars,
-    or TF_CONFIG), the host's identity. With host_device_key the host's name is the rank's
+             host_device_key: bool = True, defaults: Mapping[str, str] | None = None
+             ) -> dict[str, str]:
+    """Environment of one rank: `defaults` (the cluster's) under the caller's env, then
+    extra_env, the backend's (Horovod's Gloo run + slot vars, or TF_CONFIG), the host's
+    identity. With host_device_key the host's name is the rank's
     lease device key, so the jobs' ranks on one emulated host pair; without it an inherited key
     is dropped too, and the runtime keys the lease by the physical device (a real GPU), as a
     plain launch would."""
-    env = dict(os.environ)
+    env = {**(defaults or {}), **os.environ}
     if not host_device_key:
         env.pop(DEVICE_KEY_ENV, None)
     env.update(extra_env)
@@ -177,7 +179,8 @@ def launch_job(cluster: EmulatedCluster, command: Sequence[str], *, job_name: st
                 log.flush()
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=rank_env(host, backend_env, env or {}, host_device_key),
+                    env=rank_env(host, backend_env, env or {}, host_device_key,
+                                 cluster.rank_defaults()),
                     start_new_session=True)
             handle.ranks.append(Rank(rank, host, process, log_path))
     except BaseException:

@@ -22,6 +22,15 @@ from crossover_tf.lease import segments
 LOCALHOST = "127.0.0.1"
 MAX_HOSTS = 250
 FORCE_LOCALHOST_ENV = "CROSSOVER_CLUSTER_FORCE_LOCALHOST"
+CYCLE_TIME_ENV = "HOROVOD_CYCLE_TIME"
+# Horovod's background thread coordinates the ranks every cycle, waiting or not. On an emulated
+# host the "device" is the host's CPU, so a waiting job's polling is device time taken from the
+# job computing there (on a GPU it is host CPU the device never sees): 0.142 CPU s per second
+# of waiting at Horovod's 1 ms, 0.058 at 5 ms, 0.019 at 10 ms, with allreduces as long (612,
+# 612, 616 ms for 1.1 MB at 16.42 Mbit/s; python -m experiments.probes --mode=calibrate
+# --calibrate_cycle_time_ms=1|5|10, 2026-12-04). Every rank the cluster launches gets 10 ms
+# unless the caller's environment sets HOROVOD_CYCLE_TIME.
+DEFAULT_CYCLE_TIME_MS = 10.0
 _PREFIX_ATTEMPTS = 26
 
 
@@ -58,13 +67,18 @@ class EmulatedCluster:
     def __init__(self, num_hosts: int = 2, bandwidth_mbit: float | None = None,
                  latency_ms: float = 0.0, cpus: Sequence[str] | None = None,
                  prefix: str | None = None, force_localhost: bool = False,
-                 lease_groups: Iterable[str] = ()):
+                 lease_groups: Iterable[str] = (),
+                 horovod_cycle_time_ms: float | None = DEFAULT_CYCLE_TIME_MS):
         if not 1 <= num_hosts <= MAX_HOSTS:
             raise ValueError(f"num_hosts must be in 1..{MAX_HOSTS}, got {num_hosts}")
         if cpus is not None and len(cpus) != num_hosts:
             raise ValueError(f"cpus has {len(cpus)} entries for {num_hosts} hosts")
+        if horovod_cycle_time_ms is not None and not horovod_cycle_time_ms > 0:
+            raise ValueError(f"horovod_cycle_time_ms must be positive (None: Horovod's own), "
+                             f"got {horovod_cycle_time_ms}")
         self.num_hosts = num_hosts
         self.link = shaping.LinkSpec(bandwidth_mbit, latency_ms)
+        self.horovod_cycle_time_ms = horovod_cycle_time_ms
         self.cpus = list(cpus) if cpus is not None else default_cpus(num_hosts)
         self.lease_groups = [segments.validate_name("group", g, segments.GROUP_MAX_LEN)
                              for g in lease_groups]
@@ -136,7 +150,22 @@ class EmulatedCluster:
             "latency_ms": self.link.latency_ms, "latency_applied": self.latency_applied,
             "subnet": str(self.subnet.network) if self.subnet else None,
             "hosts": [dataclasses.asdict(h) for h in self.hosts],
+            "horovod_cycle_time_ms": self.cycle_time_ms(),
         }
+
+    def rank_defaults(self) -> dict[str, str]:
+        """Environment every rank gets unless the caller's sets it (DEFAULT_CYCLE_TIME_MS)."""
+        if self.horovod_cycle_time_ms is None:
+            return {}
+        return {CYCLE_TIME_ENV: f"{self.horovod_cycle_time_ms:g}"}
+
+    def cycle_time_ms(self) -> float | None:
+        """The HOROVOD_CYCLE_TIME the ranks run with (None: Horovod's own, 1 ms)."""
+        value = os.environ.get(CYCLE_TIME_ENV) or self.rank_defaults().get(CYCLE_TIME_ENV)
+        try:
+            return None if value is None else float(value)
+        except ValueError:
+            return None
 
     # -- building --------------------------------------------------------------------------------
     def _start_localhost(self, reason: str) -> None:

@@ -168,7 +168,8 @@ def measure(bandwidth_mbit: float, megabytes: float = DEFAULT_MB, seconds: float
             log_dir: str = "runs/plan/comm_cpu", cycle_time_ms: float | None = None,
             backend: str = "horovod") -> CommCpu:
     """Runs the probe as one rank per host of an emulated cluster at `bandwidth_mbit`
-    (with HOROVOD_CYCLE_TIME=`cycle_time_ms` when given: the cycle sets the polling cost)."""
+    (with HOROVOD_CYCLE_TIME=`cycle_time_ms` when given, else the cluster's, as the
+    comparison's jobs run: the cycle sets the polling cost)."""
     if seconds < MIN_RUN_S or idle_s < MIN_RUN_S / 2:
         raise ValueError(f"probe too short to measure: seconds >= {MIN_RUN_S}, idle_s >= "
                          f"{MIN_RUN_S / 2}")

@@ -34,7 +34,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_float, "calibrate_seconds", 10.0,
            "Timed allreduces of one job alone (s).")
     define(flags.DEFINE_float, "calibrate_cycle_time_ms", None,
-           "calibrate: HOROVOD_CYCLE_TIME for the probe (default: Horovod's, 1 ms).")
+           "calibrate: HOROVOD_CYCLE_TIME for the probe (default: the emulated cluster's, "
+           "netns.DEFAULT_CYCLE_TIME_MS, unless the environment sets it).")
 
 
 FLAG_NAMES = config_lib.defined_names(define_flags)

@@ -330,6 +330,38 @@ def test_job_past_its_timeout_is_killed(tmp_path):
     launch_pair.raise_on_failure({}, "nothing ran")  # no failure, no error
 
 
+def _cycle_times(tmp_path: pathlib.Path, monkeypatch, exported: str | None,
+                 extra: dict[str, str], **cluster_kwargs) -> list[str]:
+    """HOROVOD_CYCLE_TIME as each rank of a localhost cluster saw it."""
+    if exported is None:
+        monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    else:
+        monkeypatch.setenv("HOROVOD_CYCLE_TIME", exported)
+    with EmulatedCluster(num_hosts=2, force_localhost=True, **cluster_kwargs) as cluster:
+        job = launch_job(cluster, ["sh", "-c", 'echo "cycle=[${HOROVOD_CYCLE_TIME-unset}]"'],
+                         job_name="env", env=extra, log_dir=tmp_path, timeout_s=JOB_TIMEOUT_S)
+        result = wait_jobs([job])["env"]
+    assert result["ok"], result
+    return [re.search(r"^cycle=\[(.*)\]$", pathlib.Path(log).read_text(), re.M).group(1)
+            for log in result["logs"]]
+
+
+def test_ranks_poll_every_10_ms_unless_the_caller_says_otherwise(tmp_path, monkeypatch):
+    """A waiting Horovod rank's polling is device time on an emulated host (netns's
+    DEFAULT_CYCLE_TIME_MS): every rank gets 10 ms; the caller's environment, a launch's own env
+    and a cluster without the default (a GPU's) keep theirs."""
+    assert _cycle_times(tmp_path / "default", monkeypatch, None, {}) == ["10", "10"]
+    assert _cycle_times(tmp_path / "exported", monkeypatch, "1", {}) == ["1", "1"]
+    assert _cycle_times(tmp_path / "launch", monkeypatch, None,
+                        {"HOROVOD_CYCLE_TIME": "5"}) == ["5", "5"]
+    assert _cycle_times(tmp_path / "gpu", monkeypatch, None, {},
+                        horovod_cycle_time_ms=None) == ["unset", "unset"]
+    with EmulatedCluster(num_hosts=2, force_localhost=True) as cluster:
+        assert cluster.describe()["horovod_cycle_time_ms"] == 10.0
+    with pytest.raises(ValueError, match="horovod_cycle_time_ms must be positive"):
+        EmulatedCluster(num_hosts=2, horovod_cycle_time_ms=0)
+
+
 def test_cluster_exit_removes_lease_segments_of_its_groups(lease_group):
     segments = [pathlib.Path(f"/dev/shm/crossover.{lease_group}.host{i}") for i in range(2)]
     other = pathlib.Path(f"/dev/shm/crossover.{lease_group}x.host0")  # another group: kept

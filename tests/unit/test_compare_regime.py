@@ -223,6 +223,10 @@ def test_markdown_and_png_show_the_spread(tmp_path):
     unshaped = report.markdown(
         dataclasses.replace(result, settings={"cluster": {"emulated": False}}))
     assert "| bandwidth (Mbit/s, calibrated, NOT applied: localhost fallback) |" in unshaped
+    assert "Horovod cycle time" not in unshaped  # an older record: no row
+    cycled = report.markdown(dataclasses.replace(
+        result, settings={"cluster": {"emulated": True, "horovod_cycle_time_ms": 10.0}}))
+    assert "| Horovod cycle time (ms, every rank: HOROVOD_CYCLE_TIME) | 10 |" in cycled
     leased = {j: result.scenarios["crossover"].jobs[j] for j in "AB"}
     report.plot(result, leased, str(tmp_path / "compare.png"))
     assert (tmp_path / "compare.png").stat().st_size > 10_000
