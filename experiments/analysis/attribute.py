@@ -9,7 +9,10 @@ timeline), by splitting every ms of the device's time into
   allreduce (Gloo's reduction, TCP, Horovod's and TensorFlow's threads) steals the core;
 * hand-off gaps: nobody holds the device although a job has asked for it (the lease's own
   latency: wake-up, scheduling);
-* idle: nobody holds it and nobody asks (every job is in its allreduce or between steps) —
+* idle between steps: nobody holds it or asks while a job is between its apply and its own
+  next compute (Keras's Python between two steps): on the device's path when that job is the
+  device's next user, as it is while the other job is in its allreduce;
+* idle: nobody holds it and nobody asks, every job in its allreduce (or its turn's wait) —
   more than the ideal schedule's idle when allreduces stretch (straggling ranks, a shared link).
 
 Each job's allreduce is split further, solo against crossed, from every rank's lease timeline
@@ -75,22 +78,38 @@ def _pieces(start_ns: int, end_ns: int, times: Iterable[np.ndarray]
 def device_time(events: Mapping[str, np.ndarray], start_ns: int, end_ns: int
                 ) -> dict[str, float]:
     """Seconds of [start, end) the device spent in each job's holds (by tag), in hand-off
-    gaps (free while a job waits) and idle (free, nobody waiting)."""
+    gaps (free while a job waits), idle between steps (free, nobody waiting, a job between
+    its apply and its next compute) and idle (free, nobody waiting, nobody between steps)."""
     if end_ns <= start_ns:
         raise ValueError("empty attribution window")
     mid, width = _pieces(start_ns, end_ns, (e[:, :3].ravel() for e in events.values()))
     held_by = np.full(len(mid), "", dtype=object)
     waiting = np.zeros(len(mid), dtype=bool)
+    between = np.zeros(len(mid), dtype=bool)
     for job, e in events.items():
         for request, acquired, released, tag in e:
             released = released or end_ns
             held_by[(mid >= acquired) & (mid < released)] = f"{job} {LEASE_TAGS.get(int(tag))}"
             waiting |= (mid >= request) & (mid < acquired)
+        for released, request in _between_steps(e):
+            between |= (mid >= released) & (mid < request)
     out = {label: float(width[held_by == label].sum()) for label in sorted(set(held_by)) if label}
     free = held_by == ""
     out["hand-off gaps"] = float(width[free & waiting].sum())
-    out["idle"] = float(width[free & ~waiting].sum())
+    out[IDLE_BETWEEN_STEPS] = float(width[free & ~waiting & between].sum())
+    out["idle"] = float(width[free & ~waiting & ~between].sum())
     return out
+
+
+IDLE_BETWEEN_STEPS = "idle between steps"
+_APPLY_TAG = next(tag for tag, name in LEASE_TAGS.items() if name == "apply")
+
+
+def _between_steps(events: np.ndarray) -> list[tuple[int, int]]:
+    """(apply released, next request) ns of one job: where it is between two steps."""
+    ordered = events[np.argsort(events[:, 0], kind="stable")]
+    return [(int(ordered[i, 2]), int(ordered[i + 1, 0])) for i in range(len(ordered) - 1)
+            if int(ordered[i, 3]) == _APPLY_TAG and ordered[i, 2]]
 
 
 def attribute(crossed: Mapping[str, JobStats], solo: Mapping[str, JobStats],
@@ -100,6 +119,8 @@ def attribute(crossed: Mapping[str, JobStats], solo: Mapping[str, JobStats],
     allreduce crossed against solo."""
     if len(crossed) != 2:
         raise ValueError(f"the round attribution is for a crossed pair, got {len(crossed)} jobs")
+    if any(len(s.step_end_ns) <= warmup_steps + 1 for s in crossed.values()):
+        raise ValueError("the jobs did not overlap for a whole step after warm-up")
     start = max(s.step_end_ns[warmup_steps] for s in crossed.values())
     end = min(s.step_end_ns[-1] for s in crossed.values())
     ends = {job: np.asarray(s.step_end_ns) for job, s in crossed.items()}
@@ -112,10 +133,16 @@ def attribute(crossed: Mapping[str, JobStats], solo: Mapping[str, JobStats],
     ideal = max(a.device_s, b.comm_s) + max(b.device_s, a.comm_s)
     measured = (end - start) / 1e9 / steps
     solo_holds = a.device_s + b.device_s
-    holds = sum(v for k, v in per_round.items() if k not in ("hand-off gaps", "idle"))
+    holds = sum(v for k, v in per_round.items()
+                if k not in ("hand-off gaps", "idle", IDLE_BETWEEN_STEPS))
+    # The ideal schedule idles (ideal - solo holds) per round; the idle beyond it is put on
+    # the steps' Python first, as far as it goes, then on the allreduces.
+    beyond = per_round["idle"] + per_round[IDLE_BETWEEN_STEPS] - (ideal - solo_holds)
+    python = min(per_round[IDLE_BETWEEN_STEPS], max(beyond, 0.0))
     loss = {"holds longer than solo (CPU contention)": holds - solo_holds,
             "hand-off gaps": per_round["hand-off gaps"],
-            "idle beyond the ideal schedule's": per_round["idle"] - (ideal - solo_holds)}
+            "idle between a job's steps (its Python)": python,
+            "idle beyond the ideal schedule's": beyond - python}
     comm = {job: {"solo_ms": 1e3 * solo[job].comm_s, "crossed_ms": 1e3 * s.comm_s,
                   "wait_for_apply_ms": 1e3 * (s.wait_s or 0.0)}
             for job, s in crossed.items()}
@@ -223,12 +250,55 @@ def from_comparison(result: Comparison, trial: int | None = None,
     solo = {j: scenarios[registry.solo(j)].jobs[j] for j in crossed}
     warmup = int(result.settings["warmup_steps"])
     out = {"trial": trial, "scenario": scenario, **attribute(crossed, solo, warmup)}
+    if len(result.trials_or_self) > 1:
+        out["every_trial"] = every_trial(result, scenario)
     if out_dir is not None:
         tensorboard = pathlib.Path(out_dir) / "tensorboard"
         runs = {"solo": ("sequential", solo), "crossed": (scenario, crossed)}
         out.update(_rank_splits(tensorboard, trial, runs, warmup))
         out.update(_horovod_phases(tensorboard, trial, runs, warmup))
     return out
+
+
+def every_trial(result: Comparison, scenario: str) -> list[dict[str, Any]]:
+    """Each trial's round and its loss by cause: the representative trial alone can be the
+    best or the worst of them (one trial's contention was 13 ms per round, another's 199)."""
+    warmup = int(result.settings["warmup_steps"])
+    rows = []
+    for trial, record in enumerate(result.trials_or_self):
+        if scenario not in record.scenarios:
+            continue
+        crossed = dict(record.scenarios[scenario].jobs)
+        try:
+            solo = {j: record.scenarios[registry.solo(j)].jobs[j] for j in crossed}
+            a = attribute(crossed, solo, warmup)
+        except (KeyError, ValueError) as err:  # no solo run, or no whole crossed step
+            rows.append({"trial": trial, "error": str(err)})
+            continue
+        rows.append({"trial": trial, **{k: a[k] for k in ("round_ms", "ideal_round_ms",
+                                                          "loss_ms", "loss_by_cause_ms")}})
+    return rows
+
+
+def _trials_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The loss by cause of every trial, one row each, and their median."""
+    done = [r for r in rows if "error" not in r]
+    if not done:
+        return []
+    causes = list(done[0]["loss_by_cause_ms"])
+    lines = ["", "Every trial (ms per round):", "",
+             "| trial | measured | ideal | loss | " + " | ".join(causes) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(causes)]
+
+    def row(name: str, values: Sequence[float]) -> str:
+        return f"| {name} | " + " | ".join(f"{v:.1f}" for v in values[:3]) + " | " \
+            + " | ".join(f"{v:+.1f}" for v in values[3:]) + " |"
+    table = [[r["round_ms"], r["ideal_round_ms"], r["loss_ms"],
+              *(r["loss_by_cause_ms"][c] for c in causes)] for r in done]
+    lines += [row(str(r["trial"]), v) for r, v in zip(done, table)]
+    lines.append(row("median", list(np.median(np.asarray(table), axis=0))))
+    lines += [f"| {r['trial']} | {r['error']} |" for r in rows if "error" in r]
+    return lines
 
 
 def _horovod_phases(tensorboard: pathlib.Path, trial: int, runs: Runs, warmup_steps: int
@@ -281,6 +351,7 @@ def markdown(attribution: Mapping[str, Any]) -> str:
         lines += [f"| {job} | {run} | {p['negotiate_ms']:.1f} | {p['allreduce_ms']:.1f} | "
                   f"{p['transfer_ms']:.1f} | {p['total_ms']:.1f} |"
                   for job, runs in a["horovod"].items() for run, p in runs.items()]
+    lines += _trials_markdown(a.get("every_trial", ()))
     return "\n".join(lines) + "\n"
 
 

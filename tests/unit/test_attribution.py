@@ -54,6 +54,18 @@ def test_device_time_splits_holds_hand_offs_and_idle():
     assert sum(split.values()) == pytest.approx(3 * period / 1e3)
 
 
+def test_idle_while_a_job_is_between_its_steps_is_told_apart():
+    """A applies at 80-82 ms and asks for its next compute at 90: the 8 ms between, with B in
+    its allreduce, are the steps' Python; 100-105, with both in their allreduces, plain idle."""
+    a = np.array([[0, 0, 40, 1], [80, 80, 82, 2], [90, 90, 100, 1]]) * [MS, MS, MS, 1]
+    b = np.array([[40, 40, 80, 1], [105, 105, 120, 1]]) * [MS, MS, MS, 1]
+    split = attribute.device_time({"A": a, "B": b}, 0, 120 * MS)
+    assert split[attribute.IDLE_BETWEEN_STEPS] == pytest.approx(0.008)
+    assert split["idle"] == pytest.approx(0.005)
+    assert split["A apply"] == pytest.approx(0.002)
+    assert sum(split.values()) == pytest.approx(0.120)
+
+
 def test_round_loss_adds_up_to_its_causes():
     jobs, period = _crossed_pair(gap_ms=1.0, idle_ms=5.0)
     solo = {j: _job(j, [], [0, 1], 0.038, 0.040) for j in "AB"}  # holds 2 ms shorter alone
@@ -66,6 +78,7 @@ def test_round_loss_adds_up_to_its_causes():
     assert causes["idle beyond the ideal schedule's"] == pytest.approx(5.0 - 4.0)
     assert sum(causes.values()) == pytest.approx(out["loss_ms"])
     assert out["hand-offs_per_round"] == pytest.approx(2.0, abs=0.4)
+    assert causes["idle between a job's steps (its Python)"] == 0.0  # no applies here
     assert "hand-off gaps" in attribute.markdown({**out, "trial": 0})
 
 
@@ -223,3 +236,29 @@ def test_allreduce_spans_of_a_job_in_link_turns_are_its_turns():
     out = attribute.allreduce_overlap(jobs, 0, 500 * MS)
     assert out["overlapped_fraction"] == pytest.approx({"A": 0.0, "B": 0.0})
     assert out["in_flight_s"] == pytest.approx(0.450)
+
+
+def test_every_trial_gets_its_own_row_of_causes():
+    """The representative trial alone can hide a trial whose holds ran long: each trial's
+    loss is split against its own solo runs, and a trial without a crossed step says so."""
+    jobs, period = _crossed_pair(gap_ms=1.0, idle_ms=5.0)
+
+    def trial(solo_compute_s: float) -> dict:
+        return {"scenarios": {
+            "crossover_turn": {"jobs": {j: s.to_dict() for j, s in jobs.items()}},
+            **{f"solo_{j}": {"jobs": {j: _job(j, [], [0, 1], solo_compute_s, 0.040).to_dict()}}
+               for j in "AB"}}}
+    late = _crossed_pair(steps=1)[0]  # one step: nothing whole after the warm-up
+    broken = {"scenarios": {**trial(0.040)["scenarios"], "crossover_turn": {
+        "jobs": {j: s.to_dict() for j, s in late.items()}}}}
+    result = Comparison.from_dict({"settings": {"warmup_steps": 1}, **trial(0.038),
+                                   "per_trial": [trial(0.038), trial(0.030), broken]})
+    out = attribute.from_comparison(result, scenario="crossover_turn")
+    rows = out["every_trial"]
+    contention = "holds longer than solo (CPU contention)"
+    assert [r["loss_by_cause_ms"][contention] for r in rows[:2]] == pytest.approx([4.0, 20.0])
+    assert rows[1]["round_ms"] == pytest.approx(period)
+    assert rows[2]["trial"] == 2 and "overlap" in rows[2]["error"]
+    table = attribute.markdown(out)
+    assert "| 1 | 87.0 | 80.0 | 7.0 | +20.0 |" in table
+    assert "| median | 87.0 |" in table
