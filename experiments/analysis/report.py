@@ -246,7 +246,7 @@ def markdown(result: Comparison | Trial) -> str:
 PLANNER_HEADING = (
     "Planner (from the solo runs and the comm-CPU and link-contention probes; the solo runs "
     "are trial {trial}'s, the trial the tables above show. Its recommendation is computed once, "
-    "from these, and given once, in the verdict below; here its predictions are checked "
+    "from {inputs}, and given once, in the verdict below; here its predictions are checked "
     "against trial {trial} alone):")
 
 
@@ -255,7 +255,11 @@ def _planner_lines(result: Comparison, planner: Mapping[str, Any]) -> list[str]:
     verdict), then the checks of its predictions: against the shown trial, each trial's
     error, and each trial's own pick against that trial's measured winner."""
     from crossover_tf_planner import validate
-    lines = ["", PLANNER_HEADING.format(trial=result.representative_trial), "",
+    solo_runs = planner.get("recommendation", {}).get("solo_runs")
+    inputs = "these" if not solo_runs else (
+        "each job's median solo run over the trials checked below (" + ", ".join(
+            f"{job}: trial {trial}'s" for job, trial in solo_runs.items()) + ") and the probes")
+    lines = ["", PLANNER_HEADING.format(trial=result.representative_trial, inputs=inputs), "",
              validate.to_markdown(planner, recommendation=False)]
     lines += planner_errors.markdown(result, planner.get("device_model", "cpu"))
     return lines + planner_errors.winner_checks(result)

@@ -347,7 +347,10 @@ def test_calibrated_comparison_records_regime_and_interleaves_trials(fake_runs, 
     assert saved["ratio_spread"]["crossover_over_sequential"]["values"] == pytest.approx(
         [1.4, 1.6, 1.2])
     assert saved["ratios"]["crossover_over_sequential"] == pytest.approx(1.4)
-    assert saved["planner"] == saved["per_trial"][saved["representative_trial"]]["planner"]
+    shown = saved["per_trial"][saved["representative_trial"]]["planner"]
+    assert {k: v for k, v in saved["planner"].items() if k != "recommendation"} == \
+        {k: v for k, v in shown.items() if k != "recommendation"}
+    assert set(saved["planner"]["recommendation"]["solo_runs"]) == {"A", "B"}
     assert regime["comm_cpu"]["cpu_s_per_mb"] == 0.004
     # The planner charged it: 0.05 CPU s per s of M = 200 ms plus 0.004 per 0.625 MB.
     assert saved["planner"]["profiles"][0]["comm_cpu_s"] == pytest.approx(
@@ -1049,3 +1052,34 @@ def test_the_drift_probe_is_skipped_on_a_localhost_fallback(fake_runs, monkeypat
                            "comm_cpu_probe": False, "budget_minutes": 30.0})
     assert DRIFT_RUNS == []
     assert "drift_probe" not in json.loads((tmp_path / "compare.json").read_text())["regime"]
+
+
+def test_the_recommendation_rests_on_each_jobs_median_solo_run():
+    """The main job of 2026-12-04: the shown trial's solo run of job A was the slowest of four
+    (C 692 ms against 540-603), and the recommendation from that trial alone (naive) missed the
+    measured winner (cross). Here trial 1 is shown and its solo runs are 3x as slow: its own
+    check picks naive, the others cross; the one recommendation comes from each job's median
+    solo run, names where they came from, and says cross."""
+    regime = Regime(comm_to_compute_asked=1.0, bandwidth_source="calibrated",
+                    bandwidth_mbit=10.0, achieved_comm_to_compute=trials.spread([1.0] * 3),
+                    link_contention={"shared_efficiency": 0.7, "compute_slowdown": 1.0,
+                                     "bandwidth_mbit": 10.0})
+    per_trial = [planning.with_planner(summary_lib.summarise(
+        _scenario_stats(compute_s, 0.15, speedup), 1, {"trial": trial}), regime)
+        for trial, (speedup, compute_s) in enumerate(zip([1.2, 1.3, 1.5], [0.1, 0.3, 0.1]))]
+    assert [t.planner["recommendation"]["predicted"] for t in per_trial] == \
+        ["cross", "naive", "cross"]
+    combined = planning.plan_trials(dataclasses.replace(trials.combine(per_trial),
+                                                        regime=regime))
+    assert combined.representative_trial == 1
+    assert combined.planner["recommendation"]["solo_runs"] == {"A": 2, "B": 2}
+    assert planning.recommendation(combined) == "cross"
+    table = report.markdown(combined)
+    assert ("computed once, from each job's median solo run over the trials checked below "
+            "(A: trial 2's, B: trial 2's) and the probes") in table
+    assert "recommended **cross**" in table
+    # One trial checked: the shown trial's own pick stands, as before.
+    single = planning.plan_trials(dataclasses.replace(trials.combine(per_trial[1:2]),
+                                                      regime=regime))
+    assert planning.recommendation(single) == "naive"
+    assert "solo_runs" not in single.planner["recommendation"]
