@@ -26,8 +26,9 @@ Whether crossing pays depends on what naive co-location gets, and that depends o
   over random start offsets, with ``device_efficiency`` (1.0: free switching) the share of the
   device two contexts get together; the allreduce runs on the NIC and the host CPU, not on the
   device (``comm_on_device`` False). The link's measured contention applies as on a CPU (it is
-  the network's, not the device's). Its parameters are not measured here: no GPU is available
-  to this project's CI. scripts/gpu_probe.sh measures them on any NVIDIA machine without
+  the network's, not the device's). Its default is not a measurement: the one probe run so far
+  (an H200, docs/measurements.md) fitted device_efficiency 0.735, 0.544 and 0.345 at M/C 0.5,
+  1 and 2, which no one constant fits. scripts/gpu_probe.sh measures a user's GPU without
   TensorFlow (ops/gpu_probe), and gpu_calibration.gpu_model turns its JSON into this model.
 """
 from __future__ import annotations
