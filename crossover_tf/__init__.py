@@ -1,5 +1,6 @@
-"""crossover_tf: two Horovod/Keras jobs time-share accelerators, one computing while the other
-communicates (CrossoverScheduler, arXiv 2103.07974).
+"""crossover_tf: two data-parallel Keras jobs (Horovod or TensorFlow collectives) time-share
+accelerators, one computing while the other communicates (CrossoverScheduler, arXiv
+2103.07974).
 
 The runtime only: the strategy and its option groups, its train step and callbacks
 (ProfileCallback writes the planner's profile of a job), and the device lease. The planner

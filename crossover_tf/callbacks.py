@@ -1,15 +1,16 @@
-"""Keras callbacks that make model.fit a correct crossover/Horovod job (see strategy.callbacks).
+"""Keras callbacks that make model.fit a correct crossover job (see strategy.callbacks).
 
-They take what the steps need (keras_hooks.CrossoverSetup), never the strategy, as Horovod's
-callbacks take no strategy: the strategy makes them, and nothing here reaches back into it.
+They take the rank's StepProtocol, never the strategy, as Horovod's callbacks take no
+strategy: the strategy makes them, and nothing here reaches back into it.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import keras
 
-from crossover_tf._keras import hooks as keras_hooks
+from crossover_tf._keras import install as keras_install
+from crossover_tf._protocol.step_protocol import StepProtocol
 
 
 class CrossoverTrainStepCallback(keras.callbacks.Callback):
@@ -21,47 +22,40 @@ class CrossoverTrainStepCallback(keras.callbacks.Callback):
     stops stepping (validation, the epoch's end callbacks), joining again for the next epoch.
     Training's end leaves for good: the next fit joins at its first step, after its broadcast
     and compile (first_step), not at its first epoch's begin. A fit that fails outside a step
-    skips on_train_end; keras_hooks.guard_fit leaves for it.
+    skips on_train_end; _keras.fit_guard leaves for it.
     """
 
-    def __init__(self, setup: keras_hooks.CrossoverSetup):
+    def __init__(self, protocol: StepProtocol, micro_batches: int = 1):
         super().__init__()
-        self.setup = setup
+        self.protocol = protocol
+        self.micro_batches = micro_batches
 
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
-        keras_hooks.install(model, self.setup)
+        keras_install.install(model, self.protocol, self.micro_batches)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        keras_hooks.leave(self.setup.lease, self.setup.turn)
+        self.protocol.leave()
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._pause_turn()
+        self.protocol.pause_link_turn()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._pause_turn()
+        self.protocol.pause_link_turn()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.setup.turn is not None:
-            self.setup.turn.resume()
-
-    def _pause_turn(self) -> None:
-        if self.setup.turn is not None:
-            self.setup.turn.pause()
+        self.protocol.resume_link_turn()
 
 
 class MetricAverage(keras.callbacks.Callback):
     """Averages epoch-level logs (training and validation metrics) over ranks, so rank 0's
     TensorBoard and History describe the whole job rather than its own shard. A collective,
-    as Horovod's MetricAverageCallback is: every rank of the job must use it.
+    as Horovod's MetricAverageCallback is: every rank of the job must use it."""
 
-    average: the communicator's average_scalars (None: a job of one rank, nothing to do)."""
-
-    def __init__(self, average: Callable[[dict[str, Any]], dict[str, Any]] | None):
+    def __init__(self, protocol: StepProtocol):
         super().__init__()
-        self.average = average
+        self.protocol = protocol
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs is None or self.average is None:
-            return
-        logs.update(self.average(logs))
+        if logs is not None:
+            logs.update(self.protocol.average_logs(logs))

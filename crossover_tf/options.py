@@ -152,6 +152,9 @@ BACKENDS = ("horovod", "tensorflow")
 class CommunicationOptions:
     """How the job's ranks talk: Horovod (the default) or TensorFlow's own collectives.
 
+    Settings one backend would ignore are refused for the other (compression, init_horovod
+    and allreduce_on="device" are Horovod's; cluster_resolver is TensorFlow's).
+
     Args:
       backend: "horovod" (ranks from horovodrun, Gloo or NCCL) or "tensorflow" (ranks from
         TF_CONFIG, Slurm's resolver or a TFJob; `python -m crossover_tf.launch` starts local
@@ -159,8 +162,10 @@ class CommunicationOptions:
       compression: Horovod gradient compression (hvd.Compression.none, the default, or .fp16);
         the tensorflow backend has none.
       allreduce_on: "auto" (host memory for a crossover group on GPU, else next to the
-        gradients), "host" or "device"; devices.allreduce_device says why.
-      init_horovod: call hvd.init(); with False, Horovod must already be initialised.
+        gradients), "host" or "device" (Horovod only: TensorFlow's collectives here run in
+        host memory); devices.allreduce_device says why.
+      init_horovod: call hvd.init() (Horovod only); with False, Horovod must already be
+        initialised.
       cluster_resolver: the tensorflow backend's cluster (a tf.distribute cluster resolver);
         None reads TF_CONFIG, else Slurm's environment, else runs one rank.
       collective_timeout_s: the tensorflow backend's longest wait in one collective: a peer
@@ -183,10 +188,24 @@ class CommunicationOptions:
         if self.backend != "horovod" and self.compression is not None:
             raise ValueError("crossover_tf: gradient compression is Horovod's; the "
                              f"{self.backend} backend sends gradients as they are")
+        if self.backend != "horovod" and self.allreduce_on == "device":
+            raise ValueError("crossover_tf: allreduce_on='device' needs backend='horovod'; "
+                             f"the {self.backend} backend's collectives run in host memory")
+        if self.backend != "horovod" and self.init_horovod is not True:
+            raise ValueError("crossover_tf: init_horovod is Horovod's; the "
+                             f"{self.backend} backend starts its own collectives")
         if self.backend != "tensorflow" and self.cluster_resolver is not None:
             raise ValueError("crossover_tf: cluster_resolver is for backend='tensorflow'; "
                              "Horovod's ranks come from horovodrun")
         validate_timeout(self.collective_timeout_s)
+
+
+def validate_micro_batches(micro_batches: Any) -> None:
+    """micro_batches (strategy.callbacks, strategy.prepare): a whole number >= 1."""
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
+            or micro_batches < 1:
+        raise ValueError(f"crossover_tf: micro_batches must be a whole number >= 1, got "
+                         f"{micro_batches!r}")
 
 
 def check_combination(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None

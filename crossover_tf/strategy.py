@@ -17,12 +17,17 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+import numpy as np
+
 from crossover_tf import callbacks, options
 from crossover_tf._hold import custom_loop
-from crossover_tf._keras import hooks as keras_hooks
+from crossover_tf._keras import install as keras_install
+from crossover_tf._keras.fit_guard import guard_fit
 from crossover_tf import lease as lease_lib
 from crossover_tf._communication import communicator_for
-from crossover_tf._setup.extended import CrossoverExtended, bring_up
+from crossover_tf._protocol.gradient_tape import CrossoverGradientTape
+from crossover_tf._protocol.step_protocol import StepProtocol
+from crossover_tf._setup.bring_up import bring_up
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
 
@@ -46,9 +51,11 @@ class CrossoverStrategy:
         compression and allreduce placement
         (options.CommunicationOptions).
 
-    The internal state (the lease, the link turn, the device) is behind the read-only
-    `extended`, as in tf.distribute. Every collective goes through one communicator
-    (_communication.communicator.Communicator; Horovod's is _communication.horovod).
+    The rank's crossing protocol (the lease, the link turn, the device, and every verb a step
+    runs) is one object behind the read-only `extended`, as tf.distribute keeps a strategy's
+    machinery there (_protocol.step_protocol.StepProtocol); what users and tools need of it
+    is public here (device_key, priority, the stats and timelines, pause/resume_link_turn).
+    Every collective goes through one communicator (_communication.communicator).
 
     Contract for the model: its forward and backward pass (layers, losses, metrics) must run no
     collective, such as a Horovod allreduce inside a synchronized BatchNorm. They run while this
@@ -70,33 +77,33 @@ class CrossoverStrategy:
         if link_turn is not None:
             _checked("link_turn", link_turn, LinkTurnOptions)
         options.check_combination(group, lease, link_turn)
-        self._comm = communicator_for(communication)
-        self._extended = bring_up(group, lease, link_turn, device, communication, self._comm)
-        if self.extended.lease is not None:
-            keras_hooks.guard_fit()  # a fit that fails between steps must still leave
-        logging.info("crossover_tf: rank %d/%d %s", self.rank, self.size, self.extended)
+        self._protocol = bring_up(group, lease, link_turn, device, communication,
+                                  communicator_for(communication))
+        if self._protocol.is_crossover:
+            guard_fit()  # a fit that fails between steps must still leave
+        logging.info("crossover_tf: rank %d/%d %s", self.rank, self.size, self._protocol)
 
     # ----- tf.distribute-style surface -------------------------------------------------------
     @property
-    def extended(self) -> CrossoverExtended:
-        """The strategy's machinery: lease, link turn, device (read-only, as tf.distribute's)."""
-        return self._extended
+    def extended(self) -> StepProtocol:
+        """The strategy's machinery, the rank's step protocol (read-only, as tf.distribute's)."""
+        return self._protocol
 
     @property
     def num_replicas_in_sync(self) -> int:
-        return self._comm.size
+        return self._protocol.comm.size
 
     @property
     def rank(self) -> int:
-        return self._comm.rank
+        return self._protocol.comm.rank
 
     @property
     def size(self) -> int:
-        return self._comm.size
+        return self._protocol.comm.size
 
     @property
     def local_rank(self) -> int:
-        return self._comm.local_rank
+        return self._protocol.comm.local_rank
 
     @property
     def should_save_summary(self) -> bool:
@@ -110,17 +117,32 @@ class CrossoverStrategy:
 
     @property
     def group(self) -> str:
-        return self.extended.group
+        return self._protocol.group
 
     @property
     def is_crossover(self) -> bool:
         """True with a crossover group: steps take the device lease."""
-        return self.extended.lease is not None
+        return self._protocol.is_crossover
+
+    @property
+    def device_key(self) -> str:
+        """This rank's device on its host: the key its lease is shared under."""
+        return self._protocol.device_key
+
+    @property
+    def priority(self) -> str:
+        """This job's lease priority class ("normal", "primary" or "secondary")."""
+        return self._protocol.lease_options.priority
+
+    @property
+    def taking_link_turns(self) -> bool:
+        """True when this job's allreduces take link turns with the group's other jobs."""
+        return self._protocol.link_turn is not None
 
     @contextlib.contextmanager
     def scope(self) -> Iterator["CrossoverStrategy"]:
         """Places variables and ops created inside on this replica's device."""
-        with tf.device(self.extended.device):
+        with tf.device(self._protocol.device):
             yield self
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
@@ -134,7 +156,7 @@ class CrossoverStrategy:
 
         A collective: call it outside any region that holds the device lease.
         """
-        return self._comm.reduce(reduce_op, value, axis)
+        return self._protocol.comm.reduce(reduce_op, value, axis)
 
     def distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """Splits each *global* batch so this rank gets rows rank, rank+size, ...
@@ -178,11 +200,11 @@ class CrossoverStrategy:
         own hold, accumulating gradients (the full batch's result, except for batch-dependent
         layers such as BatchNorm): a secondary's micro-batch bounds how long a primary waits.
         """
+        options.validate_micro_batches(micro_batches)
         result: list[keras.callbacks.Callback] = [
-            callbacks.CrossoverTrainStepCallback(self._setup(micro_batches))]
-        if average_metrics:
-            result.append(callbacks.MetricAverage(
-                self._comm.average_scalars if self.size > 1 else None))
+            callbacks.CrossoverTrainStepCallback(self._protocol, micro_batches)]
+        if average_metrics and self.size > 1:
+            result.append(callbacks.MetricAverage(self._protocol))
         return result
 
     def prepare(self, model: keras.Model, *, micro_batches: int = 1) -> None:
@@ -193,64 +215,70 @@ class CrossoverStrategy:
         device lease too, and evaluate returns the job's metrics (averaged over the ranks, as
         fit's epoch logs are) on every rank.
         """
-        keras_hooks.install(model, self._setup(micro_batches))
+        options.validate_micro_batches(micro_batches)
+        keras_install.install(model, self._protocol, micro_batches)
+
+    def micro_batches_of(self, model: keras.Model) -> int:
+        """The micro-batches model's crossover train step computes in (1 without hooks)."""
+        return keras_install.micro_batches_of(model)
 
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrites variables on every rank with root_rank's values (e.g. after restoring a
         checkpoint on rank 0 only). A collective; ranks must pass matching variable lists,
         otherwise every rank raises a ValueError naming the first mismatch."""
-        self._comm.broadcast_variables(variables, root_rank)
+        self._protocol.broadcast_variables(variables, root_rank)
 
     # ----- custom training loops -------------------------------------------------------------
     def hold_device(self) -> custom_loop.DeviceHold:
         """`with strategy.hold_device():` around a custom loop's step (forward, gradient(),
         apply) holds the device for its compute; strategy.gradient_tape's gradient() yields it
         for the allreduce. Without a group it does nothing (custom_loop explains the order)."""
-        return custom_loop.DeviceHold(self.extended.lease, self.extended.step_end_reserve_s)
+        return self._protocol.device_hold()
 
-    def gradient_tape(self, tape: tf.GradientTape) -> custom_loop.CrossoverGradientTape:
+    def gradient_tape(self, tape: tf.GradientTape) -> CrossoverGradientTape:
         """Wraps a tf.GradientTape as hvd.DistributedGradientTape does: gradient() averages
-        over the job's ranks, with the device yielded (and the link turn taken) for the
-        allreduce. Call its gradient() inside strategy.hold_device()."""
-        return custom_loop.CrossoverGradientTape(tape, self.synchronize_gradients,
-                                                 needs_hold=self.is_crossover,
-                                                 turn=self.extended.link_turn)
+        over the job's ranks, with the device yielded (and the link turn taken, joined on
+        first use) for the allreduce. Call its gradient() inside strategy.hold_device()."""
+        return CrossoverGradientTape(tape, self._protocol)
 
     # ----- crossover -------------------------------------------------------------------------
     def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """Averages gradients over all ranks (one grouped allreduce; None stays None).
 
-        A collective: the train step calls it with the device yielded.
+        A collective: call it with the device yielded (it takes no link turn).
         """
-        return self._comm.allreduce_gradients(grads, self.extended.allreduce_device)
+        return self._protocol.allreduce_gradients(grads)
+
+    def pause_link_turn(self) -> None:
+        """Steps out of the link turn before a pause between steps (a checkpoint, a barrier,
+        your own evaluation), so the peer job's allreduces do not wait for ours; no-op without
+        link turns. resume_link_turn joins again (a collective of the job's ranks)."""
+        self._protocol.pause_link_turn()
+
+    def resume_link_turn(self) -> None:
+        """Joins the link turn again after pause_link_turn (a collective of the job's ranks)."""
+        self._protocol.resume_link_turn()
 
     def leave_device(self) -> None:
         """Eagerly gives up the lease if held and the link turn if taken (end of training,
         errors): the peer job never waits on us; no-op otherwise."""
-        keras_hooks.leave(self.extended.lease, self.extended.link_turn)
+        self._protocol.leave()
 
     def link_turn_stats(self) -> dict[str, float]:
         """This process's link turn statistics ({} without a link turn)."""
-        turn = self.extended.link_turn
-        return turn.stats().as_dict() if turn is not None else {}
+        return self._protocol.link_turn_stats()
 
     def lease_stats(self) -> dict[str, float]:
         """This process's lease statistics ({} without a crossover group)."""
-        lease = self.extended.lease
-        return lease.stats().as_dict() if lease is not None else {}
+        return self._protocol.lease_stats()
 
-    # ----- internals -------------------------------------------------------------------------
-    def _setup(self, micro_batches: int) -> keras_hooks.CrossoverSetup:
-        """What the steps and callbacks need of this strategy (and nothing else of it)."""
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
-                or micro_batches < 1:
-            raise ValueError(f"crossover_tf: micro_batches must be a whole number >= 1, got "
-                             f"{micro_batches!r}")
-        several = self.size > 1
-        return keras_hooks.CrossoverSetup(
-            self.extended, self.synchronize_gradients,
-            self.broadcast_variables if several else None, micro_batches,
-            self._comm.average_scalars if several else None)
+    def lease_timeline(self) -> np.ndarray | None:
+        """This process's recorded holds of the device (None without a crossover group)."""
+        return self._protocol.lease_timeline()
+
+    def link_turn_timeline(self) -> np.ndarray | None:
+        """This process's recorded link turns (None without link turns)."""
+        return self._protocol.link_turn_timeline()
 
 
 def _checked(name: str, value: _Options | None, kind: type[_Options]) -> _Options:

@@ -47,19 +47,17 @@ class TimedStartBarrier(keras.callbacks.Callback):
     the wait then lands in the last warm-up step's time, never in a timed one.
     """
 
-    def __init__(self, spec: str, me: str, after_steps: int, turn: Any = None,
+    def __init__(self, spec: str, me: str, after_steps: int, strategy: Any,
                  timeout_s: float = 300.0):
         super().__init__()
         self.spec, self.me, self.after_steps = spec, me, after_steps
-        self.turn, self.timeout_s = turn, timeout_s
+        self.strategy, self.timeout_s = strategy, timeout_s
         self._steps = 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._steps += 1
         if self._steps != self.after_steps:
             return
-        if self.turn is not None:
-            self.turn.pause()
+        self.strategy.pause_link_turn()  # no-op without link turns
         wait_at_barrier(self.spec, self.me, self.timeout_s)
-        if self.turn is not None:  # not on a timeout: a job that failed stays out of turns
-            self.turn.resume()
+        self.strategy.resume_link_turn()  # not on a timeout: a failed job stays out of turns

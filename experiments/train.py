@@ -170,8 +170,7 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
         barrier.wait_at_barrier(barrier.phase(c.start_barrier, "start"), me)
         if c.warmup_steps:  # the timed steps of every job start together too
             barriers.append(barrier.TimedStartBarrier(barrier.phase(c.start_barrier, "timed"),
-                                                      me, c.warmup_steps,
-                                                      strategy.extended.link_turn))
+                                                      me, c.warmup_steps, strategy))
     start_ns = time.time_ns()
     model.fit(train_data, epochs=c.epochs, steps_per_epoch=c.steps, verbose=0,
               callbacks=[*strategy.callbacks(micro_batches=c.micro_batches), *barriers,

@@ -107,7 +107,7 @@ CROSSOVER_LEASE_OPS="$LIB" CROSSOVER_LEASE_OBSERVER="$ROOT/bazel-bin/ops/_lease_
   TF_CPP_MIN_LOG_LEVEL=2 "$PY" - <<'PY'
 import os, uuid
 from crossover_tf import lease
-from crossover_tf.lease import observer
+from crossover_tf.node import observer
 from crossover_tf.lease.segments import remove_group_segments
 
 group = f"bazel{uuid.uuid4().hex[:8]}"

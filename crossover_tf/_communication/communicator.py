@@ -8,8 +8,8 @@ barrier, agreeing on a minimum, tf.distribute's reduce) is built on them here, o
 backend module implements the primitives (horovod.py: the only module of the runtime
 that imports Horovod), so a second backend is one new module, not edits across the steps.
 
-None of these may run while this process holds the device lease: the steps yield it first
-(train_step.CrossoverTrainStep, custom_loop.CrossoverGradientTape).
+None of these may run while this process holds the device lease: the step protocol yields it
+first (_protocol.step_protocol.StepProtocol, whose verbs every step runs).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ Every collective carries a timeout, so a peer that died or a wrong TF_CONFIG fai
 instead of hanging it. A grouped allreduce packs the tensors of each dtype into one buffer and
 runs one CollectiveReduceV2 per dtype, as Horovod's tensor fusion does. Collectives run in host
 memory unless the caller names a GPU (allreduce_on="host" is what a crossover group on a GPU
-uses anyway; "device" asks for nothing more here).
+uses anyway; options refuses "device" for this backend rather than ignore it).
 
 What every rank must do alike: TensorFlow matches collectives by instance key, and the keys
 come from a counter as each rank builds its collectives, as MultiWorkerMirroredStrategy's do

@@ -11,11 +11,12 @@ its step inside `strategy.hold_device()` and wraps its tape in `strategy.gradien
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
 
 which runs `acquire -> compute -> yield -> allreduce -> acquire -> apply -> yield`, the same
-protocol as the Keras train step (train_step.py). In a tf.function the order is made explicit,
-not left to data flow: every op written inside the hold starts after its acquire, the mid-step
-yield waits for every op written before gradient() (a metric update the gradients do not need
-included), everything after gradient() waits for the re-acquire, and the closing yield waits
-for every op written inside. Eagerly, program order is the order.
+protocol as the Keras train step (train_step.py). This module is the hold; the tape is
+_protocol/gradient_tape.py. In a tf.function the order is made explicit, not left to data
+flow: every op written inside the hold starts after its acquire, the mid-step yield waits for
+every op written before gradient() (a metric update the gradients do not need included),
+everything after gradient() waits for the re-acquire, and the closing yield waits for every
+op written inside. Eagerly, program order is the order.
 
 The contract is checked where it can be. gradient() outside a hold is an error (a yield of a
 device not held would let the loop compute unheld). In a tf.function, a collective
@@ -38,8 +39,6 @@ from typing import Any
 import tensorflow as tf
 
 from crossover_tf import lease as lease_lib
-from crossover_tf._communication.communicator import Allreduce
-from crossover_tf.lease.link_turn import allreduce_in_turn
 from crossover_tf._nest import map_present
 
 # The ops that wait on other ranks, under either backend. Horovod's (mpi_ops.py; HorovodSize
@@ -66,6 +65,12 @@ def _open_holds() -> list["DeviceHold"]:
     if not hasattr(_local, "holds"):
         _local.holds = []
     return _local.holds
+
+
+def innermost_hold() -> "DeviceHold | None":
+    """The hold open in this thread (None: the code runs outside strategy.hold_device())."""
+    holds = _open_holds()
+    return holds[-1] if holds else None
 
 
 class DeviceHold:
@@ -169,41 +174,6 @@ class DeviceHold:
                 "network, and the peer job could not compute. Use "
                 "strategy.gradient_tape(tape) instead of hvd.DistributedGradientTape, and run "
                 "other collectives (strategy.reduce, metrics) outside the hold.")
-
-
-class CrossoverGradientTape:
-    """strategy.gradient_tape(tape): like hvd.DistributedGradientTape, its gradient() averages
-    the gradients over the job's ranks, with the device yielded for the allreduce (and the
-    link turn taken around it, when the job has one). Other attributes are the tape's."""
-
-    def __init__(self, tape: tf.GradientTape, allreduce: Allreduce, needs_hold: bool,
-                 turn: lease_lib.LinkTurn | None = None):
-        self._tape = tape
-        self._allreduce = allreduce
-        self._needs_hold = needs_hold
-        self._turn = turn
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tape, name)
-
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
-                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
-        holds = _open_holds()
-        if self._needs_hold and not holds:
-            raise RuntimeError(
-                "crossover_tf: strategy.gradient_tape(...).gradient() runs outside "
-                "strategy.hold_device(); put the step (forward, gradient, apply) inside "
-                "`with strategy.hold_device():` so its compute holds the device and the "
-                "allreduce does not")
-        grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
-        flat = [None if g is None else tf.convert_to_tensor(g) for g in tf.nest.flatten(grads)]
-        hold = holds[-1] if holds else None
-        if hold is not None:
-            flat = hold.yield_for(flat)
-        flat = allreduce_in_turn(self._allreduce, self._turn, flat)
-        if hold is not None:
-            flat = hold.acquire_after(flat)
-        return tf.nest.pack_sequence_as(grads, flat)
 
 
 def _collectives(op_type: str, attrs: Any, library: dict[str, Any], seen: set[str]

@@ -4,20 +4,20 @@
    optimizer's slots. Without a tf.distribute strategy Keras 3 leaves this to the first trace,
    which is too late for 2 (a subclassed model or Adam's slots would not exist yet) and fails
    inside a nested XLA function.
-2. Training: copy rank 0's weights and optimizer state to every rank (sync_state), so
+2. Training: copy rank 0's weights and optimizer state to every rank (broadcast_state), so
    differently seeded ranks, or a checkpoint restored on rank 0 only, start identical. Once per
    fit (and train_on_batch call), like Horovod's broadcast callback (which runs after the first
    batch for the same reason).
 3. With XLA and a lease: compile the step's XLA parts outside the lease (warm_up), once per
    step (a step lives until the next compile).
-4. With a link turn: join it (a collective of the job's ranks), once per fit, after 3 so the
-   peer never waits for our compilation.
+4. With a link turn: join it (StepProtocol.join_link_turn, a collective of the job's ranks),
+   once per fit, after 3 so the peer never waits for our compilation.
 The batch used for this is then the first one trained on (or evaluated), as usual.
 """
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import keras
 import tensorflow as tf
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from crossover_tf._keras.inference_step import LeasedInferenceStep
     from crossover_tf._keras.train_step import CrossoverTrainStep
 
-SyncState = Callable[[Sequence[Any]], None]
 BeforeFirstStep = Callable[[Any, Any], None]  # (first batch, its type spec)
 
 
@@ -67,22 +66,21 @@ class PreparedFunction:
         return itertools.chain([first], data)
 
 
-def before_training(step: "CrossoverTrainStep", sync_state: SyncState | None) -> BeforeFirstStep:
-    """1-3 for a train step."""
+def before_training(step: "CrossoverTrainStep") -> BeforeFirstStep:
+    """1-4 for a train step."""
+    protocol = step.protocol
 
     def prepare(data: Any, spec: Any) -> None:
         model = step.model
         keras_compat.build_from_batch(model, data)
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        if sync_state is not None:
-            sync_state(model_state(model))
-        if step.lease is not None and step.jit_compile and not step.compiled:
+        protocol.broadcast_state(model_state(model))
+        if protocol.is_crossover and step.jit_compile and not step.compiled:
             step.compute.get_concrete_function(*keras.utils.unpack_x_y_sample_weight(spec))
             warm_up.compile_outside_lease(model, step.compute_and_apply, data)
             step.compiled = True
-        if step.turn is not None:
-            step.turn.join()
+        protocol.join_link_turn()
 
     return prepare
 

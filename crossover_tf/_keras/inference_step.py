@@ -11,16 +11,17 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from crossover_tf._hold.device_hold import as_unit, run_holding_device
 from crossover_tf import lease as lease_lib
+from crossover_tf._hold.device_hold import as_unit
+from crossover_tf._protocol.step_protocol import StepProtocol
 
 
 class LeasedInferenceStep:
     """Replacement for `model.test_step` or `model.predict_step` (kind 'test' / 'predict')."""
 
-    def __init__(self, model: keras.Model, lease: lease_lib.DeviceLease, kind: str):
+    def __init__(self, model: keras.Model, protocol: StepProtocol, kind: str):
         self.model = model
-        self.lease = lease
+        self.protocol = protocol
         self.keras_step = getattr(type(model), f"{kind}_step")
         self.jit_compile = bool(model.jit_compile)
         self.compiled = False  # set once warm_up compiled its XLA parts
@@ -28,7 +29,7 @@ class LeasedInferenceStep:
                                reduce_retracing=True)
 
     def __call__(self, data: Any) -> Any:
-        return run_holding_device(self.lease, lease_lib.TAG_OTHER, self.run, data)
+        return self.protocol.hold(lease_lib.TAG_OTHER, self.run, data)
 
     def crossover_inference_step(self, data: Any) -> Any:
         """The model's test_step or predict_step (a subclass's override included)."""

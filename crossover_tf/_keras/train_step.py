@@ -1,7 +1,7 @@
-"""The crossover train step: the whole lease protocol of one training step, in one place.
+"""The crossover train step: one training step of the rank's StepProtocol.
 
 Keras compiles the whole train step with XLA when `jit_compile=True`, but Horovod's collectives
-have no XLA kernels and the device lease must be released *between* compute and communication.
+have no XLA kernels and the device lease must be yielded *between* compute and communication.
 So the step is split:
 
     acquire(compute) -> [forward+backward+metrics: XLA] -> yield -> grouped allreduce
@@ -15,9 +15,10 @@ micro-batch, each under its own hold, accumulating the gradients: between micro-
 waiting primary gets the device, so it never waits longer than one micro-batch.
 
 The outer step is an ordinary tf.function; the two bracketed parts are nested
-tf.function(jit_compile=...) calls, i.e. XLA clusters of their own, each run by
-device_hold.run_holding_device. The device is never held while this process waits in a
-collective. With no crossover group the lease ops are simply absent (plain Horovod).
+tf.function(jit_compile=...) calls, i.e. XLA clusters of their own, each run through the
+rank's StepProtocol (hold, allreduce_gradients_in_turn). The device is never held while this
+process waits in a collective. With no crossover group the lease ops are simply absent (plain
+data parallelism).
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from crossover_tf._keras import compat as keras_compat
-from crossover_tf._communication.communicator import Allreduce
-from crossover_tf._hold.device_hold import as_unit, run_holding_device
 from crossover_tf import lease as lease_lib
+from crossover_tf._hold.device_hold import as_unit
+from crossover_tf._keras import compat as keras_compat
+from crossover_tf._protocol.step_protocol import StepProtocol
 
 
 class CrossoverTrainStep:
@@ -39,22 +40,11 @@ class CrossoverTrainStep:
     tf.functions capture the optimizer, metrics and trainable variables they were traced with.
     """
 
-    def __init__(self, model: keras.Model, lease: lease_lib.DeviceLease | None,
-                 allreduce: Allreduce, jit_compile: bool, micro_batches: int = 1,
-                 step_end_reserve_s: float = 0.0, turn: lease_lib.LinkTurn | None = None):
-        if model.optimizer is None:
-            raise ValueError("crossover_tf: compile the model (with an optimizer) before fit")
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
-                or micro_batches < 1:
-            raise ValueError(f"crossover_tf: micro_batches must be a positive whole number, "
-                             f"got {micro_batches!r}")
+    def __init__(self, model: keras.Model, protocol: StepProtocol, micro_batches: int = 1):
         self.model = model
-        self.lease = lease
-        self.allreduce = allreduce
-        self.jit_compile = bool(jit_compile)
-        self.micro_batches = micro_batches
-        self.step_end_reserve_s = step_end_reserve_s
-        self.turn = turn
+        self.protocol = protocol
+        self.jit_compile = bool(model.jit_compile)
+        self.micro_batches = micro_batches  # checked where it was given (options)
         self.compiled = False  # set once warm_up compiled its XLA parts
         # The function names are what XLA dumps and profiles show: keep them recognisable.
         self.compute = tf.function(as_unit(self.crossover_compute_gradients),
@@ -71,11 +61,10 @@ class CrossoverTrainStep:
         """
         grads, metrics = None, {}
         for micro in self._micro_batches(data):
-            grads, metrics = run_holding_device(self.lease, lease_lib.TAG_COMPUTE, self.compute,
-                                                *micro, grads)
-        grads = lease_lib.link_turn.allreduce_in_turn(self.allreduce, self.turn, grads)
-        run_holding_device(self.lease, lease_lib.TAG_APPLY, self.apply, grads,
-                           reserve_s=self.step_end_reserve_s)
+            grads, metrics = self.protocol.hold(lease_lib.TAG_COMPUTE, self.compute, *micro,
+                                                grads)
+        grads = self.protocol.allreduce_gradients_in_turn(grads)
+        self.protocol.hold(lease_lib.TAG_APPLY, self.apply, grads, step_end=True)
         return metrics
 
     def compute_and_apply(self, data: Any) -> tf.Tensor:

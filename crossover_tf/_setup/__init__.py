@@ -1,4 +1,5 @@
-"""Bringing one rank up: devices, GPU neighbours, the lease and the frozen state the steps share.
+"""Bringing one rank up: devices, GPU neighbours, the lease, and the rank's StepProtocol.
 
-Private: the strategy calls `extended.bring_up()` and exposes its result as `strategy.extended`.
+Private: the strategy calls `bring_up.bring_up()` and keeps the StepProtocol it returns (as its
+read-only `extended`, tf.distribute's name for a strategy's machinery).
 """

@@ -22,7 +22,6 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 from absl import logging
 
 from crossover_tf.lease import segments
-from crossover_tf.options import ALLREDUCE_PLACEMENTS
 
 DEVICE_KEY_ENV = "CROSSOVER_DEVICE_KEY"
 T = TypeVar("T")
@@ -128,11 +127,9 @@ def allreduce_device(placement: str, crossing: bool, local_device: str) -> str |
     contexts time-slice; with MPS they still take SMs), defeating the crossing. Gloo leaves
     the GPU to the peer and costs copies over PCIe and a host-side sum, small next to the
     network time that crossing is meant for. Without a group nothing is crossed, so the
-    tensors' own device (NCCL) is the faster choice.
+    tensors' own device (NCCL) is the faster choice. placement was checked where it was
+    given (options.CommunicationOptions).
     """
-    if placement not in ALLREDUCE_PLACEMENTS:
-        raise ValueError(f"crossover_tf: allreduce_on must be one of {ALLREDUCE_PLACEMENTS}, "
-                         f"got {placement!r}")
     if placement == "host":
         return "/CPU:0"
     if placement == "device":

@@ -1,20 +1,23 @@
 """The cross-process device lease: Python side of the C++ op library in ops/ (repository root).
 
 `loader` finds the built library, `device_lease` wraps its ops, `link_turn` orders the jobs'
-allreduces, `segments` resolves the lease directory and names the segment files (plain Python,
-no TensorFlow), `membership` reads who is on a lease, `group_join` waits for a group's jobs,
-`status` is `python -m crossover_tf.lease status`.
+allreduces, `leaving` gives up both for good, `segments` resolves the lease directory and
+names the segment files (plain Python, no TensorFlow), `membership` reads who is on a lease,
+`group_join` waits for a group's jobs. The node's tooling (status, the exporter) is
+crossover_tf.node, run as `python -m crossover_tf.lease status | exporter`.
 """
 from crossover_tf._lazy import lazy_exports
 
-# Imported on first use (crossover_tf/_lazy.py): `segments`, `observer` and `exporter` need no
-# TensorFlow, and importing them must not import it through this package.
+# Imported on first use (crossover_tf/_lazy.py): `segments` and `membership` need no
+# TensorFlow (crossover_tf.node reads leases through them), and importing them must not import
+# it through this package.
 _MODULES = {
     "crossover_tf.lease.device_lease": ["MAX_RESERVE_S", "MAX_TIMEOUT_S", "PRIORITIES",
                                         "TAG_APPLY", "TAG_COMPUTE", "TAG_OTHER", "DeviceLease",
                                         "LeaseStats", "validate_priority", "validate_reserve",
                                         "validate_timeout"],
     "crossover_tf.lease.group_join": ["GroupIncomplete"],
+    "crossover_tf.lease.leaving": ["leave"],
     "crossover_tf.lease.link_turn": ["LinkTurn", "LinkTurnStats", "validate_link_turn",
                                      "validate_link_turn_priority"],
     "crossover_tf.lease.loader": ["load_library"],

@@ -169,7 +169,7 @@ class DeviceLease:
         return LeaseStats.from_op_output(values, names)
 
     def timeline(self) -> np.ndarray:
-        """[n, 4] int64: request_ns, acquired_ns, released_ns (0 = held), tag; wall clock."""
+        """[n, 4] int64: request_ns, acquired_ns, yielded_ns (0 = held), tag; wall clock."""
         return np.asarray(self._ops.crossover_lease_timeline(**self.names))
 
 

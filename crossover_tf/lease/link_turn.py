@@ -34,7 +34,6 @@ import numpy as np
 from crossover_tf.lease.device_lease import (DeviceLease, decode_named_values, pass_through,
                                              validate_timeout)
 from crossover_tf.lease.loader import load_library
-from crossover_tf._nest import map_present
 
 MAX_LINK_TURN_JOBS = 8  # the C++ core's kMaxLinkTurnJobs (fewer than a group may have)
 UNCONSTRAINED = 1 << 62  # the C++ core's kLinkTurnUnconstrained: nobody else turns here
@@ -128,7 +127,9 @@ class LinkTurn:
     def _start(self, offset: int) -> int:
         """Takes turns from offset on (UNCONSTRAINED: nobody else turns here, so 0)."""
         offset = 0 if offset >= UNCONSTRAINED else offset
-        self._ops.crossover_link_turn_start(offset, **self.lease.names)
+        # An explicit int64: a Python int converts to int32 where it fits, which the op's
+        # eager fallback refuses when join runs inside a trace (a custom loop's first step).
+        self._ops.crossover_link_turn_start(np.int64(offset), **self.lease.names)
         return offset
 
     def leave(self) -> None:
@@ -164,13 +165,3 @@ class LinkTurn:
         values, names = self._ops.crossover_link_turn_stats(**self.lease.names)
         return decode_named_values(LinkTurnStats, values, names)
 
-
-def allreduce_in_turn(allreduce: Callable[[list[Any]], list[Any]], turn: LinkTurn | None,
-                      grads: list[Any]) -> list[Any]:
-    """allreduce(grads), after the other jobs' earlier allreduces when the job takes link
-    turns (`turn`; None: as they come). The Keras step and the custom-loop tape both run their
-    gradient allreduce through here."""
-    if turn is None:
-        return allreduce(grads)
-    grads = map_present(turn.wait, grads)
-    return map_present(turn.done, allreduce(grads))

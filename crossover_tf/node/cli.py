@@ -1,5 +1,8 @@
 """`python -m crossover_tf.lease status | exporter`: an operator's view of a node's leases.
 
+The command keeps the lease package's name (recipes, images and alert texts use it); its code
+is here, with the rest of the node's tooling.
+
 `status` prints who is on each lease once (status.py); `exporter` serves it to Prometheus
 (exporter.py). Each command imports only what it needs: the exporter never imports TensorFlow.
 """
@@ -42,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not 0 < args.port < 65536:
                 raise ValueError(f"--port must be in 1-65535, got {args.port}")
             try:
-                from crossover_tf.lease.exporter import serve  # no TensorFlow
+                from crossover_tf.node.exporter import serve  # no TensorFlow
             except ModuleNotFoundError as err:
                 if err.name != "prometheus_client":
                     raise
@@ -51,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             serve(args.port, args.address, args.lease_dir, args.group)
             return 0
-        from crossover_tf.lease.status import status  # imports TensorFlow
+        from crossover_tf.node.status import status  # imports TensorFlow
         text, code = status(args.lease_dir, args.group)
     except ValueError as err:  # LeaseDirError, a bad group name or port
         print(f"error: {err}", file=sys.stderr)

@@ -24,9 +24,9 @@ from prometheus_client.core import (REGISTRY, CounterMetricFamily, GaugeMetricFa
                                     HistogramMetricFamily, Metric)
 from prometheus_client.registry import Collector
 
-from crossover_tf.lease import exporter_metrics as names
-from crossover_tf.lease.directory_reader import read_directory
-from crossover_tf.lease.observer import (OBSERVE_BOUND_S, LeaseReadError, Observation,
+from crossover_tf.node import exporter_metrics as names
+from crossover_tf.node.directory_reader import read_directory
+from crossover_tf.node.observer import (OBSERVE_BOUND_S, LeaseReadError, Observation,
                                          check_library, observe)
 from crossover_tf.lease.segments import LeaseDirError, resolve_lease_dir
 

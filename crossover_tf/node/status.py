@@ -14,7 +14,7 @@ import time
 
 import tensorflow as tf
 
-from crossover_tf.lease.directory_reader import read_directory
+from crossover_tf.node.directory_reader import read_directory
 from crossover_tf.lease.membership import INSPECT_BOUND_S, LeaseSnapshot, read_snapshot
 from crossover_tf.lease.segments import SegmentFile, resolve_lease_dir
 

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from crossover_tf._keras import hooks as keras_hooks
 from crossover_tf.profiling import job_record
 from crossover_tf.profiling.step_timer import StepTimer
 from crossover_tf_planner.profile import JobProfile, profile_from_train_stats
@@ -100,13 +99,12 @@ class ProfileCallback(keras.callbacks.Callback):
                 f"warm-up + {self.steps} timed steps, so {self.path} was not written")
 
     def _write(self) -> JobProfile:
-        setup = keras_hooks.installed_setup(self.model)
         stats = job_record.job_stats(self.strategy, self._timer.records, job=self.name,
                                      global_batch_size=self.global_batch_size,
                                      warmup_steps=self.warmup_steps, start_ns=self._start_ns,
                                      end_ns=time.time_ns(), group=self.strategy.group,
-                                     priority=self.strategy.extended.lease_options.priority,
-                                     micro_batches=setup.micro_batches if setup else 1)
+                                     priority=self.strategy.priority,
+                                     micro_batches=self.strategy.micro_batches_of(self.model))
         profile = profile_from_train_stats(stats)
         if self.strategy.rank == 0:
             profile.to_json(self.path)

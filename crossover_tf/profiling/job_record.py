@@ -30,19 +30,19 @@ def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *,
                          f"{warmup_steps} of them warm-up)")
     step_times = np.array([r["step_time_s"] for r in timed])
     found: dict[str, Any] = {}
-    lease, turn = strategy.extended.lease, strategy.extended.link_turn
-    if lease is not None:
-        events = np.asarray(lease.timeline(), dtype=np.int64).reshape(-1, 4)
+    lease_events, turn_events = strategy.lease_timeline(), strategy.link_turn_timeline()
+    if lease_events is not None:
+        events = np.asarray(lease_events, dtype=np.int64).reshape(-1, 4)
         phases_ns = phases.step_phases(events)
         found["phases_ns"] = phases_ns.tolist()
         found["lease_events_ns"] = events.tolist()
         measured = phases_ns[warmup_steps:len(records)]
         for key, values in phases.phase_durations(measured).items():
             found[key] = float(np.median(values)) if len(values) else float("nan")
-    if turn is not None:
-        found["turn_events_ns"] = turn.timeline().tolist()
+    if turn_events is not None:
+        found["turn_events_ns"] = np.asarray(turn_events).tolist()
     return JobStats(
-        job=job, rank=strategy.rank, size=strategy.size, device_key=strategy.extended.device_key,
+        job=job, rank=strategy.rank, size=strategy.size, device_key=strategy.device_key,
         global_batch_size=global_batch_size, steps=len(records), timed_steps=len(timed),
         step_time_s=float(np.median(step_times)),
         images_per_s=float(global_batch_size * len(timed) / step_times.sum()),

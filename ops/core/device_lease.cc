@@ -1,4 +1,4 @@
-// The device lease: acquire, release, the waiter queue's use, statistics, and Inspect (see
+// The device lease: acquire, yield, the waiter queue's use, statistics, and Inspect (see
 // device_lease.h). The segment it lives in is lease_segment.h's.
 #include "core/device_lease.h"
 
@@ -25,7 +25,7 @@ bool ValidChars(const std::string& s, size_t max_len, bool (*allowed)(char) = Na
 // Who is live on the segment (a member's mapping under the mutex, or an observer's copy);
 // dead entries are skipped, not repaired. slot_alive(i, nonce): slot i is a live member's.
 // now: HostMonoNs taken before s was read, so that the holder's current hold, counted up to
-// it, never exceeds what its release will count (an observer's counters never go back).
+// it, never exceeds what its yield will count (an observer's counters never go back).
 LeaseSnapshot TakeSnapshot(const SharedLease& s,
                            const std::function<bool(int, uint64_t)>& slot_alive, int64_t now) {
   auto live = [&](const Owner& o) {
@@ -179,7 +179,7 @@ LeaseStatus DeviceLease::Get(const std::string& group, const std::string& device
 DeviceLease::DeviceLease(std::shared_ptr<LeaseSegment> segment)
     : segment_(std::move(segment)), events_(new EventRing<LeaseEvent>()) {}
 
-DeviceLease::~DeviceLease() { Release(); }
+DeviceLease::~DeviceLease() { Yield(); }
 
 const std::string& DeviceLease::name() const { return segment_->name(); }
 const std::string& DeviceLease::path() const { return segment_->path(); }
@@ -209,7 +209,7 @@ void DeviceLease::UnlockAfterFork(bool child) {
   local_mu_.unlock();
 }
 
-// ----- acquire and release ----------------------------------------------------------------
+// ----- acquire and yield ------------------------------------------------------------------
 
 LeaseStatus DeviceLease::Acquire(double timeout_s, int64_t tag, int32_t priority) {
   LeaseStatus status = ValidateTimeout(timeout_s);
@@ -320,7 +320,7 @@ LeaseStatus DeviceLease::TimeoutError(double timeout_s, const Owner& me) const {
   return LeaseStatus::Error(LeaseCode::kDeadlineExceeded, msg.str());
 }
 
-LeaseStatus DeviceLease::Release(double reserve_s) {
+LeaseStatus DeviceLease::Yield(double reserve_s) {
   LeaseStatus status = ValidateReserve(reserve_s);
   if (!status.ok()) return status;
   Owner me;
@@ -341,12 +341,12 @@ LeaseStatus DeviceLease::Release(double reserve_s) {
   }
   // Stamped while still holding: the next holder's acquired_ns is taken after ours under the
   // same mutex, so the two processes' timelines never seem to overlap.
-  const int64_t released_wall = WallNs(), released_mono = MonoNs();
+  const int64_t yielded_wall = WallNs(), yielded_mono = MonoNs();
   if (reserve_s > 0) {
     s->reserved_for = me;
     s->reserved_priority = priority;
     s->reserved_until_host_mono_ns =
-        released_mono - TimeNamespaceOffsetNs() + static_cast<int64_t>(reserve_s * 1e9);
+        yielded_mono - TimeNamespaceOffsetNs() + static_cast<int64_t>(reserve_s * 1e9);
   }
   {
     ObservedChange change(s);
@@ -358,14 +358,14 @@ LeaseStatus DeviceLease::Release(double reserve_s) {
   const bool wake = s->queue.size > 0;
   locked.Unlock();
   if (wake) WakeWaiters(s);
-  RecordReleased(released_wall, released_mono);
+  RecordYielded(yielded_wall, yielded_mono);
   return LeaseStatus::Ok();
 }
 
-LeaseStatus DeviceLease::ReleaseAfter(const std::function<LeaseStatus()>& drain,
+LeaseStatus DeviceLease::YieldAfter(const std::function<LeaseStatus()>& drain,
                                       double reserve_s) {
   const LeaseStatus drained = drain();
-  const LeaseStatus released = Release(reserve_s);
+  const LeaseStatus released = Yield(reserve_s);
   return drained.ok() ? released : drained;
 }
 
@@ -387,13 +387,13 @@ void DeviceLease::RecordAcquired(int64_t request_wall, int64_t acquired_wall, in
   events_->Push(LeaseEvent{request_wall, acquired_wall, 0, tag});
 }
 
-void DeviceLease::RecordReleased(int64_t released_wall, int64_t released_mono) {
+void DeviceLease::RecordYielded(int64_t yielded_wall, int64_t yielded_mono) {
   std::lock_guard<std::mutex> local(local_mu_);
-  const double held = (released_mono - held_since_mono_ns_) / 1e9;
+  const double held = (yielded_mono - held_since_mono_ns_) / 1e9;
   stats_.hold_s += held;
   stats_.max_hold_s = std::max(stats_.max_hold_s, held);
   stats_.held = false;
-  if (LeaseEvent* last = events_->Last()) last->released_ns = released_wall;
+  if (LeaseEvent* last = events_->Last()) last->yielded_ns = yielded_wall;
 }
 
 LeaseStats DeviceLease::Stats() const {

@@ -25,7 +25,7 @@
 // lease_liveness.h):
 //  * Mutual exclusion: the state is guarded by a robust process-shared mutex, and the holder is
 //    recorded by an identity that no other process can share.
-//  * FIFO hand-off: every waiting thread has its own ticket in a queue; a process that releases
+//  * FIFO hand-off: every waiting thread has its own ticket in a queue; a process that yields
 //    and acquires again goes behind every waiting peer, so N contending jobs get the device in
 //    rotation. A ticket expires at its waiter's deadline, so a waiter that could not even take
 //    the internal lock to remove it leaves no ghost in the queue.
@@ -65,12 +65,12 @@ struct LeaseStats {
 };
 extern const char* const kLeaseStatsFields[9];
 
-// One acquire/release cycle; wall-clock (CLOCK_REALTIME) nanoseconds so the timelines of two
+// One acquire/yield cycle (a hold); wall-clock (CLOCK_REALTIME) nanoseconds so the timelines of two
 // processes on the same host line up.
 struct LeaseEvent {
-  int64_t request_ns = 0, acquired_ns = 0, released_ns = 0;  // released_ns == 0: still held
+  int64_t request_ns = 0, acquired_ns = 0, yielded_ns = 0;  // yielded_ns == 0: still held
   int64_t tag = 0;                                           // caller's label (e.g. phase)
-  std::array<int64_t, 4> Row() const { return {request_ns, acquired_ns, released_ns, tag}; }
+  std::array<int64_t, 4> Row() const { return {request_ns, acquired_ns, yielded_ns, tag}; }
 };
 
 // Who is on a lease, as Inspect() saw it at one moment.
@@ -131,15 +131,15 @@ class DeviceLease {
   // Blocks until this process holds the lease, or timeout_s elapses (kDeadlineExceeded).
   // Holding it already is a no-op. priority is a LeasePriority.
   LeaseStatus Acquire(double timeout_s, int64_t tag, int32_t priority = kNormal);
-  // Releases the lease if this process holds it (a no-op otherwise). With reserve_s > 0,
+  // Yields the lease (hands the device back) if this process holds it (a no-op otherwise). With reserve_s > 0,
   // waiters of a lower priority class than this process's last acquire cannot take the lease
   // for that long (or until this process acquires again, or dies): a primary yielding at the
   // end of a step keeps a secondary from starting new work it would then have to wait for.
   // Fails only if the internal lock stays taken by another process (stopped or wedged).
-  LeaseStatus Release(double reserve_s = 0);
-  // Runs drain (e.g. wait for the device's stream), then releases whatever drain returned:
+  LeaseStatus Yield(double reserve_s = 0);
+  // Runs drain (e.g. wait for the device's stream), then yields whatever drain returned:
   // the lease is given up on every path and drain's error is the one reported.
-  LeaseStatus ReleaseAfter(const std::function<LeaseStatus()>& drain, double reserve_s = 0);
+  LeaseStatus YieldAfter(const std::function<LeaseStatus()>& drain, double reserve_s = 0);
 
   // Claims this process's slot (membership) if it has none; Get() already does, so this only
   // matters after fork(). Idempotent.
@@ -170,7 +170,7 @@ class DeviceLease {
   LeaseStatus TimeoutError(double timeout_s, const Owner& me) const;
   void RecordAcquired(int64_t request_wall, int64_t acquired_wall, int64_t start_mono,
                       bool handoff, bool contended, int64_t tag, int32_t priority);
-  void RecordReleased(int64_t released_wall, int64_t released_mono);
+  void RecordYielded(int64_t yielded_wall, int64_t yielded_mono);
   // For the registry's fork handlers: local state is held across fork(); a child holds
   // nothing.
   void LockForFork() { local_mu_.lock(); }

@@ -1,5 +1,5 @@
 // A C entry point to the lease core's observer (DeviceLease::Inspect), for readers that must
-// not load TensorFlow: the node exporter (crossover_tf/lease/exporter.py) runs once per node
+// not load TensorFlow: the node exporter (crossover_tf/node/exporter.py) runs once per node
 // beside the jobs, and a TensorFlow import would cost it seconds and hundreds of MiB for a read
 // of a few KiB. Built as its own library (_lease_observer.so, no TensorFlow) from the same core
 // sources as the op library, so both read one layout. It reads as status does: read-only,

@@ -55,7 +55,7 @@ namespace crossover {
 
 constexpr int64_t kPollNs = 20 * 1000 * 1000;  // liveness re-check period while waiting
 // Bounds every take of the internal mutex except Acquire's (which waits until its own
-// timeout): Release, slot claims and job labels, and every link turn operation. A process
+// timeout): Yield, slot claims and job labels, and every link turn operation. A process
 // stopped or wedged inside the mutex then turns into an error after this long, never a hang.
 constexpr int64_t kInternalLockBoundNs = 10 * kNsPerS;
 constexpr int64_t kLockGraceNs = 200 * 1000 * 1000;  // internal-lock wait past a passed deadline
@@ -93,7 +93,7 @@ struct SharedLease {
   Owner holder;                    // empty: free
   int64_t held_since_wall_ns;
   Owner last_holder;
-  Owner reserved_for;              // see DeviceLease::Release(reserve_s)
+  Owner reserved_for;              // see DeviceLease::Yield(reserve_s)
   int64_t reserved_until_host_mono_ns;  // HostMonoNs
   int32_t reserved_priority;
   uint64_t next_ticket;
@@ -105,7 +105,7 @@ struct SharedLease {
   int64_t held_since_host_mono_ns;  // the holder's hold, on the clock every member reads alike
   LeaseUsage usage[kMaxProcesses];  // per slot, for observers (the exporter)
   // An exclusion check that does not trust the holder field: a process sets `inside` to its
-  // nonce once it returns from Acquire holding the device, and clears it in Release; finding
+  // nonce once it returns from Acquire holding the device, and clears it in Yield; finding
   // another's nonce there (a live one: a dead holder's is cleared by DropDead) counts an
   // overlapping hold. Lock-free, outside the mutex on the way in. Must stay 0.
   std::atomic<uint64_t> inside;

@@ -45,7 +45,7 @@ constexpr int kMaxLinkTurnJobs = 8;                // jobs of one group that tak
 enum LeasePriority : int32_t { kSecondary = 0, kNormal = 1, kPrimary = 2 };
 
 // Upper bounds of the acquire-wait histogram's buckets (the last bucket counts the rest). The
-// exporter serves them as seconds (crossover_tf/lease/exporter_metrics.py: WAIT_BUCKETS_S).
+// exporter serves them as seconds (crossover_tf/node/exporter_metrics.py: WAIT_BUCKETS_S).
 constexpr int kWaitBuckets = 8;
 constexpr int64_t kWaitBucketUpperNs[kWaitBuckets - 1] = {
     100000, 1000000, 10000000, 100000000, 1000000000, 10000000000, 60000000000};

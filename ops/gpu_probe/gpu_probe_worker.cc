@@ -137,7 +137,7 @@ void RunWorker(const WorkerConfig& config, SessionShared* shared, int index) {
     if (lease) {
       // The lease goes back only once the stream has drained: the next holder must find the
       // device free. end_ns is taken while still holding, so recorded holds never overlap.
-      const crossover::LeaseStatus released = lease->ReleaseAfter([&] {
+      const crossover::LeaseStatus released = lease->YieldAfter([&] {
         std::string sync_error;
         const bool ok = DeviceSync(&sync_error);
         span.end_ns = MonoNs();

@@ -121,7 +121,7 @@ struct HolderChild {
       if (write(from_child[1], &byte, 1) != 1) _exit(1);
       alarm(30);
       if (read(to_child[0], &byte, 1) != 1) _exit(1);
-      lease->Release();
+      lease->Yield();
       _exit(0);
     }
     char byte;
@@ -230,19 +230,19 @@ void TestReentrantAndStats() {
   auto lease = g.Open();
   EXPECT(lease->Acquire(1, 7).ok() && lease->Acquire(1, 7).ok(), "acquire");
   EXPECT(lease->Stats().acquires == 1 && lease->Stats().held, "re-entrant acquire counted");
-  EXPECT(lease->Release().ok() && lease->Release().ok(), "release");
+  EXPECT(lease->Yield().ok() && lease->Yield().ok(), "yield");
   const LeaseStats s = lease->Stats();
   EXPECT(!s.held && s.Values().size() == sizeof(kLeaseStatsFields) / sizeof(char*), "stats");
   const std::vector<LeaseEvent> events = lease->Timeline();
-  EXPECT(events.size() == 1 && events[0].tag == 7 && events[0].released_ns >= events[0].acquired_ns,
+  EXPECT(events.size() == 1 && events[0].tag == 7 && events[0].yielded_ns >= events[0].acquired_ns,
          "timeline");
 }
 
-void TestFailedDrainStillReleases() {
+void TestFailedDrainStillYields() {
   TestGroup g("drain");
   auto lease = g.Open();
   EXPECT(lease->Acquire(1, 0).ok(), "acquire");
-  const LeaseStatus s = lease->ReleaseAfter(
+  const LeaseStatus s = lease->YieldAfter(
       [] { return LeaseStatus::Error(LeaseCode::kInternal, "stream failed"); });
   EXPECT(s.code == LeaseCode::kInternal && s.message == "stream failed", "drain error lost");
   EXPECT(!lease->Stats().held, "still held after a failed drain");
@@ -286,7 +286,7 @@ void TestStoppedInsideCriticalSection() {
   const uint64_t before = lease->Stats().recoveries;
   EXPECT(lease->Acquire(2.0, 0).ok(), "lease unusable after the stopped process died");
   EXPECT(lease->Stats().recoveries > before, "the owner-died repair did not run");
-  lease->Release();
+  lease->Yield();
 }
 
 // A creator that stalls between sizing and initialising the segment: a second starter must
@@ -306,7 +306,7 @@ void TestStalledCreatorIsWaitedFor() {
       if (shared->inside.fetch_add(1) != 0) shared->overlaps++;
       usleep(static_cast<useconds_t>(hold_s * 1e6));
       shared->inside.fetch_sub(1);
-      lease->Release();
+      lease->Yield();
     }
     return 0;
   };
@@ -342,7 +342,7 @@ void TestDeathInsideCriticalSection() {
   EXPECT(lease->Acquire(2.0, 0).ok(), "acquire after a death inside the critical section");
   EXPECT(lease->Stats().recoveries > before, "no repair counted");
   EXPECT(LeaseTestHooks::Queue(*lease).size == 0, "dead entries left in the queue");
-  lease->Release();
+  lease->Yield();
 }
 
 // Past kMaxWaiters waiting threads, a further waiter gets a clear error at once.
@@ -367,7 +367,7 @@ void TestFullQueueIsAClearError() {
   EXPECT(holder.LetGo() == 0, "holder");
   for (auto& t : waiters) t.join();
   EXPECT(ok.load() == kMaxWaiters, "queued waiters did not all get the device");
-  lease->Release();
+  lease->Yield();
 }
 
 // Processes forked from one parent must get distinct identities, or each would take the
@@ -412,7 +412,7 @@ struct TimedAcquirer {
       auto lease = g.Open();
       if (!lease->Acquire(timeout_s, 0, priority).ok()) _exit(1);
       acquired_ns->store(static_cast<int64_t>(MonoS() * 1e9));
-      lease->Release();
+      lease->Yield();
       _exit(0);
     }
   }
@@ -438,7 +438,7 @@ void TestPrimaryGoesBeforeEarlierSecondary() {
   TimedAcquirer primary(g, kPrimary, 10);
   WaitForQueue(*lease, 2);
   EXPECT(LeaseTestHooks::Queue(*lease).entries[0].priority == kPrimary, "primary not first");
-  lease->Release();
+  lease->Yield();
   EXPECT(primary.Wait() == 0 && secondary.Wait() == 0, "acquirers failed");
   EXPECT(primary.AcquiredS() < secondary.AcquiredS(), "secondary went first");
 }
@@ -451,13 +451,13 @@ void TestReservationKeepsLowerClassesOut() {
   EXPECT(lease->Acquire(1, 0, kPrimary).ok(), "acquire");
   TimedAcquirer secondary(g, kSecondary, 10);
   WaitForQueue(*lease, 1);
-  EXPECT(lease->Release(2.0).ok(), "release with reservation");
+  EXPECT(lease->Yield(2.0).ok(), "yield with reservation");
   usleep(100000);
   EXPECT(secondary.AcquiredS() == 0, "secondary took a reserved lease");
   const double back = MonoS();
   EXPECT(lease->Acquire(1, 0, kPrimary).ok() && MonoS() - back < 0.05, "reserver not let in");
   const double released = MonoS();
-  EXPECT(lease->Release(0.3).ok(), "release");
+  EXPECT(lease->Yield(0.3).ok(), "yield");
   EXPECT(secondary.Wait() == 0, "secondary failed");
   const double waited = secondary.AcquiredS() - released;
   EXPECT(waited > 0.25 && waited < 1.0, "secondary waited " << waited << " s, not ~0.3 s");
@@ -466,7 +466,7 @@ void TestReservationKeepsLowerClassesOut() {
   TimedAcquirer peer(g, kNormal, 10);
   WaitForQueue(*lease, 1);
   const double handed = MonoS();
-  EXPECT(lease->Release(2.0).ok(), "release");
+  EXPECT(lease->Yield(2.0).ok(), "yield");
   EXPECT(peer.Wait() == 0 && peer.AcquiredS() - handed < 0.5, "same class was held out");
   EXPECT(DeviceLease::ValidateReserve(-1).code == LeaseCode::kInvalidArgument &&
              DeviceLease::ValidatePriority(3).code == LeaseCode::kInvalidArgument,
@@ -705,7 +705,7 @@ void TestWaiterStuckOnInternalLockLeavesNoTicket() {
   EXPECT(again.ok(), "W's own next acquire: " << again.message);
   EXPECT(MonoS() - start < 1.0, "W's next acquire took " << MonoS() - start << " s");
   EXPECT(LeaseTestHooks::Queue(*lease).size == 0, "tickets left in the queue");
-  lease->Release();
+  lease->Yield();
 }
 
 // A segment of an older layout (legacy header, 4800 bytes) that a live process of that build
@@ -754,7 +754,7 @@ void TestOlderLayoutInUseIsRefused() {
   EXPECT(kept, "a segment in use was replaced");
   const LeaseStatus replaced = DeviceLease::Get(g.group, g.key, &lease);
   EXPECT(replaced.ok(), "not replaced once nobody used it: " << replaced.message);
-  EXPECT(lease->Acquire(1, 0).ok() && lease->Release().ok(), "acquire on the new segment");
+  EXPECT(lease->Acquire(1, 0).ok() && lease->Yield().ok(), "acquire on the new segment");
 }
 
 
@@ -773,7 +773,7 @@ void TestLeaseDirectory() {
          "a peer in the same directory did not wait");
   EXPECT(InChild([&] { return shm.Open()->Acquire(0.3, 0).ok() ? 0 : 1; }) == 0,
          "/dev/shm and the directory are the same lease");
-  lease->Release();
+  lease->Yield();
   std::shared_ptr<DeviceLease> none;
   SegmentLocation missing;
   missing.dir = dir.path + "/absent";
@@ -810,7 +810,7 @@ void TestMembersAndInspect() {
   TestGroup g("members", dir.path);
   auto lease = g.Open("jobA");
   HolderChild holder(g);  // a child of jobA (it inherits the label) holds
-  std::thread waiter([&] { lease->Acquire(5, 0); lease->Release(); });
+  std::thread waiter([&] { lease->Acquire(5, 0); lease->Yield(); });
   LeaseSnapshot snap;
   for (int i = 0; i < 200 && snap.queue.empty(); ++i) {
     EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok(), "inspect");
@@ -839,7 +839,7 @@ void TestMembersAndInspect() {
 }
 
 // What an observer reads of each member (the exporter's counters): acquisitions, waits by
-// bucket, hand-offs, holds (the current one included, never more than its release counts).
+// bucket, hand-offs, holds (the current one included, never more than its yield counts).
 void TestUsageCounters() {
   TempDir dir;
   TestGroup g("usage", dir.path);
@@ -855,7 +855,7 @@ void TestUsageCounters() {
   LeaseSnapshot during, after;
   EXPECT(DeviceLease::Inspect(g.Path(), 1, &during).ok() && during.members.size() == 1,
          during.members.size() << " members");
-  EXPECT(lease->Release().ok(), "release");
+  EXPECT(lease->Yield().ok(), "yield");
   EXPECT(DeviceLease::Inspect(g.Path(), 1, &after).ok() && after.members.size() == 1, "after");
   const LeaseUsage& u = during.members[0].usage;
   EXPECT(during.members[0].holding && u.acquires == 1 && u.contended == 1 && u.handoffs == 1,
@@ -877,15 +877,15 @@ void TestOverlappingHoldsAreCounted() {
   auto lease = g.Open();
   const pid_t dies_holding = Spawn([&] { return g.Open()->Acquire(5, 0).ok() ? 0 : 1; });
   EXPECT(Reap(dies_holding) == 0, "child");
-  EXPECT(lease->Acquire(5, 0).ok() && lease->Release().ok(), "reclaimed");
+  EXPECT(lease->Acquire(5, 0).ok() && lease->Yield().ok(), "reclaimed");
   LeaseSnapshot snap;
   EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.overlapping_holds == 0,
          snap.overlapping_holds << " after a dead holder");
   LeaseTestHooks::MarkInside(*lease, 12345);  // "another process is inside its hold"
-  EXPECT(lease->Acquire(5, 0).ok() && lease->Release().ok(), "acquire");
+  EXPECT(lease->Acquire(5, 0).ok() && lease->Yield().ok(), "acquire");
   EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.overlapping_holds == 1,
          snap.overlapping_holds << " overlaps");
-  EXPECT(lease->Acquire(5, 0).ok() && lease->Release().ok(), "acquire");
+  EXPECT(lease->Acquire(5, 0).ok() && lease->Yield().ok(), "acquire");
   EXPECT(DeviceLease::Inspect(g.Path(), 1, &snap).ok() && snap.overlapping_holds == 1,
          "a clean hold counted: " << snap.overlapping_holds);
 }
@@ -985,7 +985,7 @@ void TestGroupMode() {
   struct stat st;
   EXPECT(stat(g.Path().c_str(), &st) == 0 && (st.st_mode & 07777) == 0660 && st.st_gid == kGroup,
          "segment mode " << std::oct << (st.st_mode & 07777) << " gid " << std::dec << st.st_gid);
-  EXPECT(lease->Acquire(1, 0).ok() && lease->Release().ok(), "acquire in group mode");
+  EXPECT(lease->Acquire(1, 0).ok() && lease->Yield().ok(), "acquire in group mode");
   std::shared_ptr<DeviceLease> refused;
   LeaseStatus s;
   struct Case { gid_t gid; mode_t mode; const char* says; };
@@ -1080,7 +1080,7 @@ void TestDirectoryTrustRule() {
     TestGroup g("trust" + std::to_string(n++), dir);
     g.options.shared_group = c.group;
     auto ok = g.Open();
-    EXPECT(ok->Acquire(1, 0).ok() && ok->Release().ok(), "mode " << std::oct << c.mode);
+    EXPECT(ok->Acquire(1, 0).ok() && ok->Yield().ok(), "mode " << std::oct << c.mode);
   }
   chmod(parent.path.c_str(), 0700);
   rmdir(dir.c_str());
@@ -1190,7 +1190,7 @@ const Test kTests[] = {
     {"overlapping_holds_are_counted", TestOverlappingHoldsAreCounted},
     {"link_turn_usage", TestLinkTurnUsage},
     {"observer_waits_out_a_change_in_progress", TestObserverWaitsOutAChangeInProgress},
-    {"failed_drain_still_releases", TestFailedDrainStillReleases},
+    {"failed_drain_still_yields", TestFailedDrainStillYields},
     {"foreign_or_open_segment_refused", TestForeignOrOpenSegmentRefused},
     {"stopped_inside_critical_section", TestStoppedInsideCriticalSection},
     {"stalled_creator_is_waited_for", TestStalledCreatorIsWaitedFor},

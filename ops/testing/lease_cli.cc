@@ -142,7 +142,7 @@ bool Cycle(DeviceLease& lease, Probe* probe, int hold_us, double timeout_s) {
   probe->Enter();
   if (hold_us > 0) usleep(hold_us);
   probe->Leave();
-  lease.Release();
+  lease.Yield();
   return true;
 }
 
@@ -172,7 +172,7 @@ int Cycles(char** argv, int argc) {
     const int64_t start = MonoNs();
     usleep(hold_us);
     const int64_t end = MonoNs();
-    lease->Release();
+    lease->Yield();
     out << start << " " << end << std::endl;  // flushed: tests watch progress
   }
   printf("mode=cycles cycles=%d\n", n);
@@ -207,7 +207,7 @@ int AcquireOnce(char** argv) {
 int Reserve(char** argv) {
   auto lease = Open(argv[2], argv[3]);
   LeaseStatus status = lease->Acquire(30.0, 0, crossover::kPrimary);
-  if (status.ok()) status = lease->Release(atof(argv[4]));
+  if (status.ok()) status = lease->Yield(atof(argv[4]));
   if (!status.ok()) Die(status.message);
   std::ofstream(argv[5]) << getpid();
   sleep(120);
@@ -330,7 +330,7 @@ int ThreadTimeout(char** argv) {
     if (write(ready[1], "x", 1) != 1) _exit(1);
     usleep(1000000);
     probe->Leave();
-    lease->Release();
+    lease->Yield();
     _exit(0);
   }
   char byte;
@@ -345,7 +345,7 @@ int ThreadTimeout(char** argv) {
   impatient.join();
   waiting.join();
   probe->Leave();
-  lease->Release();
+  lease->Yield();
   int status = 0;
   waitpid(peer, &status, 0);
   Unlink(group, key);
@@ -363,7 +363,7 @@ int ForkChild(char** argv) {
   if (!lease->Acquire(5.0, 0).ok()) Die("parent could not acquire");
   const pid_t child = fork();
   if (child == 0) {
-    lease->Release();                                // must not free the parent's hold
+    lease->Yield();                                // must not free the parent's hold
     const LeaseStatus status = lease->Acquire(0.3, 0);  // so this must time out
     _exit(status.code == crossover::LeaseCode::kDeadlineExceeded ? 0 : 1);
   }
@@ -386,7 +386,7 @@ int ForkChild(char** argv) {
   std::ifstream(result) >> outcome;
   unlink(result);
   const bool parent_holds = outcome == "error";
-  lease->Release();
+  lease->Yield();
   Unlink(group, key);
   printf("mode=fork-child child_saw_parent_hold=%d parent_still_holds=%d\n", child_ok,
          parent_holds);
@@ -426,7 +426,7 @@ int Priority(char** argv) {
         usleep(hold_us);
         probe->Leave();
         const bool step_end = hold_us == 1000;
-        lease->Release(step_end ? 0.02 : 0.0);
+        lease->Yield(step_end ? 0.02 : 0.0);
         usleep(step_end ? 1000 : 8000);  // next step's input, or the allreduce
       }
       ++r->steps;
@@ -450,7 +450,7 @@ int Priority(char** argv) {
           probe->Leave();
           result[1].secondary_busy_ns += MonoNs() - start;
           ++result[1].secondary_holds;
-          lease->Release();
+          lease->Yield();
         }
         _exit(0);
       }

@@ -99,9 +99,9 @@ class AcquireLeaseOp : public LeaseKernel {
   int64_t priority_ = kNormal;
 };
 
-// kWaitForStream: on GPU, kernels are only enqueued when an op "finishes"; releasing the lease
+// kWaitForStream: on GPU, kernels are only enqueued when an op "finishes"; yielding the lease
 // then would let the peer start while our kernels still run, so block on the stream first.
-// The lease is released even when that wait fails, and the wait's error is the one reported.
+// The lease is yielded even when that wait fails, and the wait's error is the one reported.
 template <bool kWaitForStream>
 class YieldLeaseOp : public LeaseKernel {
  public:
@@ -109,7 +109,7 @@ class YieldLeaseOp : public LeaseKernel {
     GetCheckedAttr(ctx, "reserve_seconds", &reserve_s_, DeviceLease::ValidateReserve);
   }
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, ToTf(core_->ReleaseAfter([ctx]() -> LeaseStatus {
+    OP_REQUIRES_OK(ctx, ToTf(core_->YieldAfter([ctx]() -> LeaseStatus {
       if (!kWaitForStream || ctx->op_device_context() == nullptr ||
           ctx->op_device_context()->stream() == nullptr) {
         return LeaseStatus::Ok();

@@ -53,7 +53,7 @@ LEASE_OP("CrossoverYieldLease")
     .Attr("reserve_seconds: float = 0")
     .SetShapeFn(PassThroughShapes)
     .Doc(R"doc(
-Releases the device lease (if held) once its inputs exist and, on GPU, once the compute stream
+Yields the device lease (if held) once its inputs exist and, on GPU, once the compute stream
 has drained; passes the inputs through. A waiting peer gets the device next, unless
 reserve_seconds > 0: then waiters of a lower priority class than this process's hold stay out
 for that long, or until this process acquires again.
@@ -192,8 +192,8 @@ LEASE_OP("CrossoverLeaseTimeline")
     .Output("events: int64")
     .SetShapeFn(EventMatrixShape)
     .Doc(R"doc(
-This process's recent lease events, oldest first: [request_ns, acquired_ns, released_ns, tag]
-in CLOCK_REALTIME nanoseconds (released_ns = 0 while held).
+This process's recent lease events, oldest first: [request_ns, acquired_ns, yielded_ns, tag]
+in CLOCK_REALTIME nanoseconds (yielded_ns = 0 while held).
 )doc");
 
 LEASE_OP("CrossoverLinkTurnTimeline")

@@ -32,20 +32,28 @@ def _holds(events: list) -> np.ndarray:
     return events[events[:, 2] > 0][:, 1:3]
 
 
+def _turns(result: dict) -> np.ndarray:
+    """[turns, 2] start_ns, done_ns of one rank's link turns (its allreduces)."""
+    return np.asarray(result["turn_timeline"], dtype=np.int64).reshape(-1, 4)[:, 1:3]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
+@pytest.mark.parametrize("link_turns", [False, True], ids=["holds", "link_turns"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_crossed_custom_loop_trains_like_plain_horovod_and_never_holds_at_once(
-        tmp_path, lease_group, child_env, backend):
-    """Under each backend the crossed loop is that library's plain loop."""
+        tmp_path, lease_group, child_env, backend, link_turns):
+    """Under each backend the crossed loop is that library's plain loop; with link turns too
+    (no Keras step joins them: the tape does, on its first allreduce)."""
     barrier = tmp_path / "barrier"
     crossed = ["--group", lease_group, "--jobs", "2", "--steps", str(STEPS), "--barrier",
                f"{barrier}:4", "--backend", backend]
+    turn_a, turn_b = (["--link_turn", "0"], ["--link_turn", "1"]) if link_turns else ([], [])
     for result in run_alongside(
             launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                           *crossed),
+                           *crossed, *turn_a),
             launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
-                           *crossed), child_env, timeout=240):
+                           *crossed, *turn_b), child_env, timeout=240):
         _ok(result)
     _ok(run_bounded(launch_command(backend, 2, sys.executable, WORKER,
                                    str(tmp_path / "plain_RANK.json"), "--plain",
@@ -74,10 +82,27 @@ def test_crossed_custom_loop_trains_like_plain_horovod_and_never_holds_at_once(
                         *map(tuple, _holds(b[rank]["timeline"]))])
         overlapping = [(x, y) for x, y in zip(holds, holds[1:]) if x[1] > y[0]]
         assert not overlapping, f"rank {rank}: holds at once {overlapping[:3]}"
+        if link_turns:
+            _check_link_turns(rank, a[rank], b[rank], phases)
     crossings = sum(overlap_steps(timeline.step_phases(a[r]["timeline"]),
                                   timeline.step_phases(b[r]["timeline"]))
                     for r in range(2))
     print(f"A's computes during B's allreduce: {crossings} of {2 * STEPS}")
+
+
+def _check_link_turns(rank: int, a: dict, b: dict, phases: list[np.ndarray]) -> None:
+    """Every step took one turn, between its yield and its re-acquire, and on the host the two
+    jobs' allreduces ran one at a time (but for one overlap per join, by design: see
+    lease/link_turn.py)."""
+    for job, job_phases in zip((a, b), phases):
+        stats = job["link_turn_stats"]
+        assert stats["turns"] == STEPS and stats["skipped"] == 0, stats
+        turns = _turns(job)
+        assert np.all(job_phases[:, 1] <= turns[:, 0]), "allreduce began before the yield"
+        assert np.all(turns[:, 1] <= job_phases[:, 3]), "apply began before the allreduce ended"
+    both = sorted([*map(tuple, _turns(a)), *map(tuple, _turns(b))])
+    overlaps = sum(end > start for (_, end), (start, _) in zip(both, both[1:]))
+    assert overlaps <= 2, f"host {rank}: {overlaps} allreduces overlapped"
 
 
 @pytest.mark.multiprocess

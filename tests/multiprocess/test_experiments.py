@@ -279,34 +279,34 @@ def test_timed_start_barrier_waits_after_warm_up_out_of_the_link_turn(tmp_path):
     stays out of the turns."""
     from experiments import barrier
 
-    class Turn:
+    class Strategy:  # the two verbs the barrier uses of a CrossoverStrategy
         def __init__(self):
             self.calls = []
 
-        def pause(self):
+        def pause_link_turn(self):
             self.calls.append("pause")
 
-        def resume(self):
+        def resume_link_turn(self):
             self.calls.append("resume")
 
     spec = barrier.phase(f"{tmp_path}/run:1", "timed")
     assert spec == f"{tmp_path}/run/timed:1"
-    turn = Turn()
-    callback = barrier.TimedStartBarrier(spec, "A-0", after_steps=3, turn=turn)
+    strategy = Strategy()
+    callback = barrier.TimedStartBarrier(spec, "A-0", after_steps=3, strategy=strategy)
     for step in range(2):
         callback.on_train_batch_end(step)
-    assert turn.calls == [] and not (tmp_path / "run" / "timed").exists()
+    assert strategy.calls == [] and not (tmp_path / "run" / "timed").exists()
     callback.on_train_batch_end(2)
-    assert turn.calls == ["pause", "resume"]
+    assert strategy.calls == ["pause", "resume"]
     assert (tmp_path / "run" / "timed" / "A-0").exists()
     callback.on_train_batch_end(3)
-    assert turn.calls == ["pause", "resume"]  # once
-    lonely, turn = barrier.phase(f"{tmp_path}/lonely:2", "timed"), Turn()
-    callback = barrier.TimedStartBarrier(lonely, "A-0", after_steps=1, turn=turn,
+    assert strategy.calls == ["pause", "resume"]  # once
+    lonely, strategy = barrier.phase(f"{tmp_path}/lonely:2", "timed"), Strategy()
+    callback = barrier.TimedStartBarrier(lonely, "A-0", after_steps=1, strategy=strategy,
                                          timeout_s=0.2)
     with pytest.raises(TimeoutError, match="did a peer job die"):
         callback.on_train_batch_end(0)
-    assert turn.calls == ["pause"]
+    assert strategy.calls == ["pause"]
 
 
 def _solo(compute_s: float, comm_s: float, apply_s: float = 0.0, other_s: float = 0.0,

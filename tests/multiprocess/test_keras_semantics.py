@@ -53,7 +53,7 @@ def _changed(before: list, after: list) -> bool:
 
 
 def _holds(timeline: list, tag: int | None = None) -> np.ndarray:
-    """[n, 2] acquired_ns, released_ns of the completed holds (of one tag)."""
+    """[n, 2] acquired_ns, yielded_ns of the completed holds (of one tag)."""
     events = np.asarray(timeline, dtype=np.int64).reshape(-1, 4)
     events = events[events[:, 2] > 0]
     if tag is not None:

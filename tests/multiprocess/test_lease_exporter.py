@@ -17,7 +17,8 @@ import pytest
 
 from conftest import REPO_ROOT
 from lease_helpers import exporter, scrape, value, wait_for
-from crossover_tf.lease import exporter_metrics, segments
+from crossover_tf.lease import segments
+from crossover_tf.node import exporter_metrics
 
 pytest.importorskip("prometheus_client", reason="prometheus-client (scripts/install.sh)")
 
@@ -39,8 +40,8 @@ class Block:
         if name.split(".")[0] in ("tensorflow", "horovod", "keras"):
             raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Block())
-import crossover_tf.lease.segments, crossover_tf.lease.observer, crossover_tf.lease.exporter
-import crossover_tf.lease.cli, crossover_tf.lease.directory_reader
+import crossover_tf.lease.segments, crossover_tf.node.observer, crossover_tf.node.exporter
+import crossover_tf.node.cli, crossover_tf.node.directory_reader
 print("imported without TensorFlow")
 """
     out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True,

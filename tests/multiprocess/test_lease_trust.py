@@ -386,9 +386,9 @@ def test_cleanup_removes_only_this_users_unused_segments(tmp_path, lease_group, 
 
 
 def test_leave_gives_the_device_back_when_leaving_the_link_turn_fails():
-    """Before: keras_hooks.leave (then named release) skipped yielding the device when leaving
-    the link turn raised, so the peer waited for the device until this process died."""
-    from crossover_tf._keras import hooks as keras_hooks
+    """Before: leave (then named release, in _keras/hooks.py) skipped yielding the device when
+    leaving the link turn raised, so the peer waited for the device until this process died."""
+    from crossover_tf import lease as lease_lib
 
     calls = []
 
@@ -402,7 +402,7 @@ def test_leave_gives_the_device_back_when_leaving_the_link_turn_fails():
             calls.append("yield")
 
     with pytest.raises(RuntimeError, match="segment is gone"):
-        keras_hooks.leave(Lease(), Turn())
+        lease_lib.leave(Lease(), Turn())
     assert calls == ["leave", "yield"]
 
 

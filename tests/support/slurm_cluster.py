@@ -55,7 +55,7 @@ class SlurmUnavailable(RuntimeError):
 # --- holds: pure functions over lease timelines ---------------------------------------------
 
 def holds(events: Sequence[Sequence[int]] | np.ndarray) -> list[tuple[int, int]]:
-    """(acquired_ns, released_ns) of each completed hold of a lease timeline
+    """(acquired_ns, yielded_ns) of each completed hold of a lease timeline
     ([request, acquired, released, tag] rows, as in stats.json's lease_events_ns)."""
     rows = np.asarray(events, dtype=np.int64).reshape(-1, 4)
     return [(int(a), int(r)) for _, a, r, _ in rows if a and r]

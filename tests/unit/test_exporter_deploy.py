@@ -4,7 +4,7 @@ No Kubernetes or Grafana here: the DaemonSet is parsed (PyYAML) and checked for 
 (the exporter's command, its port equal to the containerPort and the scrape annotation, a
 read-only mount of the crossover pods' host lease directory at --lease_dir, no privileges, a
 group to read the segments with, no GPU). The dashboard is parsed and every PromQL expression
-checked against the exporter's metric names (crossover_tf/lease/exporter_metrics.py), its
+checked against the exporter's metric names (crossover_tf/node/exporter_metrics.py), its
 labels and the dashboard's variables, and, where Debian's prometheus package brought promtool
 (scripts/install_prometheus.sh), parsed by `promtool check rules` as recording rules.
 """
@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from conftest import REPO_ROOT
-from crossover_tf.lease import exporter_metrics
+from crossover_tf.node import exporter_metrics
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (a Horovod dependency) parses the recipes")
 

@@ -82,8 +82,24 @@ def test_link_turn_options_and_their_combination():
 
 
 def test_communication_options_check_placement():
-    with pytest.raises(ValueError, match="allreduce_on"):
+    with pytest.raises(ValueError, match="allreduce_on must be one of"):
         CommunicationOptions(allreduce_on="gpu")
+    CommunicationOptions(allreduce_on="device")  # Horovod: NCCL next to the gradients
+
+
+def test_communication_options_refuse_what_the_tensorflow_backend_would_ignore():
+    with pytest.raises(ValueError, match="allreduce_on='device' needs backend='horovod'"):
+        CommunicationOptions(backend="tensorflow", allreduce_on="device")
+    with pytest.raises(ValueError, match="init_horovod is Horovod's"):
+        CommunicationOptions(backend="tensorflow", init_horovod=False)
+    CommunicationOptions(backend="tensorflow", allreduce_on="host")  # what it does anyway
+
+
+@pytest.mark.parametrize("micro_batches", [0, -1, 1.5, True, "2", None])
+def test_micro_batches_are_whole_numbers(micro_batches):
+    with pytest.raises(ValueError, match="micro_batches must be a whole number >= 1"):
+        options.validate_micro_batches(micro_batches)
+    options.validate_micro_batches(3)
 
 
 def test_options_are_frozen():
@@ -157,7 +173,7 @@ def test_no_import_circle_among_the_runtime_modules():
 
 @pytest.mark.parametrize("host", ["node-7.cluster.local", "gpu node (a)", "x" * 200, ""])
 def test_default_job_label_is_a_valid_lease_label(host):
-    from crossover_tf._setup.extended import default_job_label
+    from crossover_tf._setup.bring_up import default_job_label
     from crossover_tf.lease import validate_job
     label = default_job_label({"host": host, "pid": 4242})
     assert validate_job(label) == label and label.endswith(":4242")

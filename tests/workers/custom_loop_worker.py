@@ -6,6 +6,10 @@ only in the crossing lines. With --misuse (one process) it tries the mistakes th
 refuse and records each error.
 
   custom_loop_worker.py OUT [--group G] [--plain] [--steps N] [--barrier DIR:N] [--misuse]
+                        [--link_turn POSITION]
+
+With --link_turn the crossed loop also takes link turns: its tape joins them on its first
+allreduce, as no Keras step runs to do it.
 """
 from __future__ import annotations
 
@@ -125,11 +129,16 @@ def main() -> None:
     parser.add_argument("--barrier", default="", help="DIR:N - wait until N processes arrive")
     parser.add_argument("--misuse", action="store_true")
     parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend")
+    parser.add_argument("--link_turn", type=int, default=-1,
+                        help="LinkTurnOptions.position (-1: no link turns)")
     args = parser.parse_args()
 
     import crossover_tf
+    link_turn = (crossover_tf.LinkTurnOptions(args.link_turn, wait_s=60)
+                 if args.link_turn >= 0 else None)
     strategy = None if args.plain else crossover_tf.CrossoverStrategy(
         args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60),
+        link_turn=link_turn,
         communication=crossover_tf.CommunicationOptions(backend=args.backend,
                                                         collective_timeout_s=120))
     comm, average = plain_communicator(args.backend) if strategy is None else (None, None)
@@ -160,9 +169,12 @@ def main() -> None:
             if i == 0 and args.barrier:  # line up after tracing, which differs per job
                 wait_at_barrier(args.barrier, f"{args.group}-{args.plain}-{rank}-{os.getpid()}")
         result.update(losses=losses, weights=[w.tolist() for w in model.get_weights()])
-        if strategy is not None and strategy.extended.lease is not None:
+        if strategy is not None and strategy.is_crossover:
             result["lease_stats"] = strategy.lease_stats()
-            result["timeline"] = strategy.extended.lease.timeline().tolist()
+            result["timeline"] = strategy.lease_timeline().tolist()
+        if strategy is not None and strategy.taking_link_turns:
+            result["link_turn_stats"] = strategy.link_turn_stats()
+            result["turn_timeline"] = strategy.link_turn_timeline().tolist()
     with open(args.out.replace("RANK", str(rank)), "w") as f:
         json.dump(result, f)
 

@@ -25,7 +25,7 @@ def main(out_pattern: str, logical_cpus: int) -> None:
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
         product = tf.matmul(tf.ones((2, 4)), model.weights[0])
     report = {"rank": strategy.rank, "local_rank": strategy.local_rank,
-              "device_key": strategy.extended.device_key,
+              "device_key": strategy.device_key,
               "variable_devices": sorted({w.value.device for w in model.weights}),
               "op_device": product.device}
     with open(out_pattern.replace("RANK", str(strategy.rank)), "w") as f:

@@ -141,7 +141,7 @@ class StampedSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def hold_lease_for(strategy, seconds: float, ready: str) -> None:
     """A peer process takes the lease and keeps it for `seconds` (it is killed, then)."""
     holder = subprocess.Popen([sys.executable, LEASE_WORKER, "hold", strategy.group,
-                               strategy.extended.device_key, ready])
+                               strategy.device_key, ready])
     deadline = time.monotonic() + 60
     while not os.path.exists(ready):
         if time.monotonic() > deadline:
@@ -159,7 +159,7 @@ def jit_off(strategy, args) -> dict:
                   jit_compile=False)
     hold_lease_for(strategy, 1.5, args.out + ".ready")
     fit(model, strategy, 4)
-    return {"stamps": STAMPS, "timeline": strategy.extended.lease.timeline().tolist()}
+    return {"stamps": STAMPS, "timeline": strategy.lease_timeline().tolist()}
 
 
 # ----- issue item 6: XLA compiles outside the lease --------------------------------------------
@@ -169,7 +169,7 @@ def warm_up(strategy, args) -> dict:
                               keras.layers.Dense(CLASSES)])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=LOSS, jit_compile=True)
     fit(model, strategy, 8)
-    return {"timeline": strategy.extended.lease.timeline().tolist()}
+    return {"timeline": strategy.lease_timeline().tolist()}
 
 
 # ----- the whole user script, crossed or plain -------------------------------------------------
@@ -234,7 +234,7 @@ def user_script(strategy, args) -> dict:
             "bn_moving_mean": bn.moving_mean.numpy().tolist(),
             "test_batches": evaluation.test_batches,
             "held_at_epoch_end": evaluation.held_at_epoch_end,
-            "timeline": (strategy.extended.lease.timeline().tolist()
+            "timeline": (strategy.lease_timeline().tolist()
                          if strategy.is_crossover else [])}
 
 

@@ -55,7 +55,7 @@ def main() -> None:
               callbacks=[*crossing, keras.callbacks.LambdaCallback(
                   on_train_batch_end=lambda batch, logs: losses.append(float(logs["loss"])))])
     report = {"losses": losses, "weights": [w.tolist() for w in model.get_weights()],
-              "timeline": (strategy.extended.lease.timeline().tolist()
+              "timeline": (strategy.lease_timeline().tolist()
                          if strategy.is_crossover else [])}
     with open(args.out, "w") as f:
         json.dump(report, f)

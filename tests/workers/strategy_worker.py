@@ -117,11 +117,11 @@ def main() -> None:
                   epochs=args.epochs, verbose=0,
                   callbacks=[*strategy.callbacks(), record, line_up])
         result["lease_stats"] = strategy.lease_stats()
-        if strategy.extended.link_turn is not None:
+        if strategy.taking_link_turns:
             result["link_turn_stats"] = strategy.link_turn_stats()
-            result["turn_timeline"] = strategy.extended.link_turn.timeline().tolist()
-        if strategy.extended.lease is not None:
-            result["timeline"] = strategy.extended.lease.timeline().tolist()
+            result["turn_timeline"] = strategy.link_turn_timeline().tolist()
+        if strategy.is_crossover:
+            result["timeline"] = strategy.lease_timeline().tolist()
         if args.fit_only:
             args.save = ""
         else:

@@ -97,7 +97,7 @@ def train(args: argparse.Namespace) -> None:
     if args.done and rank == 0:
         pathlib.Path(args.done).touch()
     result = {"rank": rank, "link_turn_stats": strategy.link_turn_stats(),
-              "turn_timeline": strategy.extended.link_turn.timeline().tolist()}
+              "turn_timeline": strategy.link_turn_timeline().tolist()}
     pathlib.Path(args.out.replace("RANK", str(rank))).write_text(json.dumps(result))
 
 
@@ -133,7 +133,7 @@ def refit(strategy, model, x, y, result: dict) -> None:
     def at_first_batch() -> None:
         joined.append(strategy.extended.link_turn.joined)
         if len(joined) == 2:   # the second fit: stands in for its slow first step
-            result["peer"] = run_peer(strategy.group, strategy.extended.device_key)
+            result["peer"] = run_peer(strategy.group, strategy.device_key)
 
     for _ in range(2):
         model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
@@ -155,7 +155,7 @@ def errors(strategy, model, x, y, result: dict) -> None:
         except (RuntimeError, KeyboardInterrupt) as e:
             joined.append([type(e).__name__, strategy.extended.link_turn.joined])
     result["joined_after_error"] = joined
-    result["peer"] = run_peer(strategy.group, strategy.extended.device_key)
+    result["peer"] = run_peer(strategy.group, strategy.device_key)
 
 
 def lifecycle(args: argparse.Namespace) -> None:

@@ -1,15 +1,12 @@
-"""CrossoverExtended: the strategy's internal state, made once (bring_up) and kept in one frozen
-object.
+"""bring_up: one rank's lease, link turn, device and key, made once into its StepProtocol.
 
-As tf.distribute keeps a strategy's machinery behind `strategy.extended`, the lease, the link
-turn, the device and its key live here, set up once in the order that makes them safe:
-devices pinned before TensorFlow starts them; every rank's group and device checked before
-any lease is opened; the group's jobs met on the lease (or a clear error) before the first
-step; the link turn last, since joining it is a collective of the job's own ranks.
+They are set up in the order that makes them safe: devices pinned before TensorFlow starts
+them; every rank's group and device checked before any lease is opened; the group's jobs met
+on the lease (or a clear error) before the first step; the link turn last, since joining it
+is a collective of the job's own ranks.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import socket
@@ -22,55 +19,18 @@ from crossover_tf._setup import devices
 from crossover_tf._setup import gpu_processes
 from crossover_tf import lease as lease_lib
 from crossover_tf._communication.communicator import Communicator
+from crossover_tf._protocol.step_protocol import StepProtocol
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
 
 _JOB_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@-]+")  # lease.validate_job's characters
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class CrossoverExtended:
-    """One rank's crossover state, made once by bring_up() and shared, never copied, by the
-    strategy (as its read-only `extended`), the Keras hooks and callbacks (through
-    keras_hooks.CrossoverSetup) and the custom loop.
-
-    Attributes:
-      group, lease_options, link_turn_options, device_options, communication: as given.
-      comm: the job's ranks (_communication.communicator.Communicator).
-      device_key: this rank's device on its host (the lease's key).
-      device: the TensorFlow device this rank's ops go on.
-      allreduce_device: where the gradient allreduce runs (None: next to the gradients).
-      lease: the device lease (None without a group: plain data parallelism).
-      link_turn: the link turn (None without link turns).
-      members: the jobs found on the lease when this job joined it.
-    """
-    group: str
-    lease_options: LeaseOptions
-    link_turn_options: LinkTurnOptions | None
-    device_options: DeviceOptions
-    communication: CommunicationOptions
-    comm: Communicator
-    device_key: str
-    device: str
-    allreduce_device: str | None
-    lease: lease_lib.DeviceLease | None
-    link_turn: lease_lib.LinkTurn | None
-    members: tuple[Any, ...]
-
-    def __repr__(self) -> str:
-        return (f"CrossoverExtended(group={self.group!r}, device={self.device!r}, "
-                f"lease={self.lease!r}, link_turn={self.link_turn!r})")
-
-    @property
-    def step_end_reserve_s(self) -> float:
-        return self.lease_options.step_end_reserve_s
-
-
 def bring_up(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
              device: DeviceOptions, communication: CommunicationOptions,
-             comm: Communicator) -> CrossoverExtended:
+             comm: Communicator) -> StepProtocol:
     """Sets this rank up, in the order that makes it safe (module docstring), and returns its
-    state. Collective: every rank of the job calls it."""
+    step protocol. Collective: every rank of the job calls it."""
     memory = devices.GpuMemoryPolicy(growth=device.memory_growth,
                                      limit_mb=device.memory_limit_mb)
     gpu_ordinal = _configure_devices(device.configure, memory, comm)
@@ -86,17 +46,17 @@ def bring_up(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
     if device_lease is not None and gpu_ordinal is not None:  # someone outside computes?
         gpu_processes.warn_about_outsiders(
             gpu_processes.Nvml(), devices.read_device_uuid(driver, gpu_ordinal), members, group)
-    turn = (lease_lib.LinkTurn(device_lease, link_turn.position, lease.jobs, comm.agree_on_min,
-                               link_turn.wait_s, comm.barrier)
-            if device_lease is not None and link_turn is not None else None)
+    link_turns = (lease_lib.LinkTurn(device_lease, link_turn.position, lease.jobs,
+                                     comm.agree_on_min, link_turn.wait_s, comm.barrier)
+                  if device_lease is not None and link_turn is not None else None)
     local_device = devices.local_device_name(
         comm.own_devices(tf.config.list_logical_devices("GPU")),
         comm.own_devices(tf.config.list_logical_devices("CPU")), comm.local_rank)
-    return CrossoverExtended(
+    return StepProtocol(
         group, lease, link_turn, device, communication, comm, device_key, local_device,
         devices.allreduce_device(communication.allreduce_on, device_lease is not None,
                                  local_device),
-        device_lease, turn, tuple(members))
+        device_lease, link_turns, tuple(members))
 
 
 def _join_group(lease: lease_lib.DeviceLease, options: LeaseOptions,

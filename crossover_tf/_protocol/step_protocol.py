@@ -1,0 +1,153 @@
+"""StepProtocol: one rank's whole crossing protocol, owned by one object.
+
+A crossed step is `acquire -> compute -> yield -> [link turn: join on first use, wait] ->
+allreduce -> [link turn: done] -> acquire -> apply -> yield`. The Keras train, test and
+predict steps, the custom loop's hold and tape, and the callbacks all run it through the verbs
+here, so each rule lives once: joining the link turn happens only in `join_link_turn` (a
+custom loop that never ran a Keras first step joins on its first allreduce, with the device
+yielded), leaving only in `leave` (lease.leaving), and no lower layer is handed a strategy
+method to call back.
+
+Made once per rank by _setup.bring_up (which says in what order its parts are made safe) and
+frozen: the strategy's `extended` is this object, as tf.distribute keeps a strategy's
+machinery behind `extended`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from crossover_tf import lease as lease_lib
+from crossover_tf._communication.communicator import Communicator
+from crossover_tf._hold.custom_loop import DeviceHold
+from crossover_tf._hold.device_hold import run_holding_device
+from crossover_tf._nest import map_present
+from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
+                                  LinkTurnOptions)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepProtocol:
+    """One rank's crossover state and the verbs of its step protocol.
+
+    Attributes:
+      group, lease_options, link_turn_options, device_options, communication: as given.
+      comm: the job's ranks (_communication.communicator.Communicator).
+      device_key: this rank's device on its host (the lease's key).
+      device: the TensorFlow device this rank's ops go on.
+      allreduce_device: where the gradient allreduce runs (None: next to the gradients).
+      lease: the device lease (None without a group: plain data parallelism).
+      link_turn: the link turn (None without link turns).
+      members: the jobs found on the lease when this job joined it.
+    """
+    group: str
+    lease_options: LeaseOptions
+    link_turn_options: LinkTurnOptions | None
+    device_options: DeviceOptions
+    communication: CommunicationOptions
+    comm: Communicator
+    device_key: str
+    device: str
+    allreduce_device: str | None
+    lease: lease_lib.DeviceLease | None
+    link_turn: lease_lib.LinkTurn | None
+    members: tuple[Any, ...]
+
+    def __repr__(self) -> str:
+        return (f"StepProtocol(group={self.group!r}, device={self.device!r}, "
+                f"lease={self.lease!r}, link_turn={self.link_turn!r})")
+
+    @property
+    def is_crossover(self) -> bool:
+        """True with a crossover group: steps take the device lease."""
+        return self.lease is not None
+
+    @property
+    def step_end_reserve_s(self) -> float:
+        """The step-end yield's reservation against lower priority classes (a primary's)."""
+        return self.lease_options.step_end_reserve_s
+
+    # ----- holding the device ----------------------------------------------------------------
+    def hold(self, tag: int, part: Callable[..., Any], *args: Any,
+             step_end: bool = False) -> Any:
+        """part(*args) computed with the device held (acquire -> part -> yield); step_end:
+        the step's last hold, whose yield keeps the primary's reservation."""
+        return run_holding_device(self.lease, tag, part, *args,
+                                  reserve_s=self.step_end_reserve_s if step_end else 0.0)
+
+    def device_hold(self) -> DeviceHold:
+        """The custom loop's `with` hold around a whole step (strategy.hold_device())."""
+        return DeviceHold(self.lease, self.step_end_reserve_s)
+
+    # ----- the allreduce ---------------------------------------------------------------------
+    def allreduce_gradients(self, grads: Sequence[Any]) -> list[Any]:
+        """Averages gradients over the job's ranks (one grouped allreduce; None stays None).
+        A collective: call it with the device yielded."""
+        return self.comm.allreduce_gradients(grads, self.allreduce_device)
+
+    def allreduce_gradients_in_turn(self, grads: Sequence[Any]) -> list[Any]:
+        """allreduce_gradients, after the other jobs' earlier allreduces when the job takes
+        link turns (joining them on first use). The Keras step and the custom loop's tape both
+        call it between their yield and re-acquire, so the join, a collective of the job's
+        ranks, never runs with the device held."""
+        link_turn = self.link_turn
+        if link_turn is None:
+            return self.allreduce_gradients(grads)
+        with tf.init_scope():  # traced in a tf.function: join now, eagerly, not in the graph
+            if not link_turn.joined:
+                self.join_link_turn()
+        grads = map_present(link_turn.wait, list(grads))
+        return map_present(link_turn.done, self.allreduce_gradients(grads))
+
+    # ----- the link turn's life --------------------------------------------------------------
+    def join_link_turn(self) -> None:
+        """Starts taking link turns (a collective of the job's ranks; no-op without them):
+        the Keras first step calls it after its broadcast and compile, and the allreduce in
+        turn on first use. The one place a job joins."""
+        if self.link_turn is not None:
+            self.link_turn.join()
+
+    def pause_link_turn(self) -> None:
+        """Leaves the link turn for a pause between steps (validation, an epoch's end, a
+        barrier), if taking turns; resume_link_turn joins again."""
+        if self.link_turn is not None:
+            self.link_turn.pause()
+
+    def resume_link_turn(self) -> None:
+        """Joins again after pause_link_turn (a collective of the job's ranks); else no-op."""
+        if self.link_turn is not None:
+            self.link_turn.resume()
+
+    def leave(self) -> None:
+        """Leaves the link turn and gives up the device, for good (lease.leaving)."""
+        lease_lib.leave(self.lease, self.link_turn)
+
+    # ----- state and logs across the job's ranks ---------------------------------------------
+    def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
+        """Overwrites variables on every rank with root_rank's values (a collective)."""
+        self.comm.broadcast_variables(variables, root_rank)
+
+    def broadcast_state(self, variables: Sequence[Any]) -> None:
+        """Rank 0's values on every rank before training (nothing to do with one rank)."""
+        if self.comm.size > 1:
+            self.broadcast_variables(variables, 0)
+
+    def average_logs(self, logs: dict[str, Any]) -> dict[str, Any]:
+        """Scalars averaged over the job's ranks (as they are, with one rank)."""
+        return self.comm.average_scalars(logs) if self.comm.size > 1 else dict(logs)
+
+    # ----- what the job recorded -------------------------------------------------------------
+    def lease_stats(self) -> dict[str, float]:
+        return self.lease.stats().as_dict() if self.lease is not None else {}
+
+    def link_turn_stats(self) -> dict[str, float]:
+        return self.link_turn.stats().as_dict() if self.link_turn is not None else {}
+
+    def lease_timeline(self) -> np.ndarray | None:
+        return self.lease.timeline() if self.lease is not None else None
+
+    def link_turn_timeline(self) -> np.ndarray | None:
+        return self.link_turn.timeline() if self.link_turn is not None else None
