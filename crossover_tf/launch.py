@@ -5,6 +5,12 @@ TFJob) or Slurm's resolver instead.
 
   python -m crossover_tf.launch -np 2 [--address 127.0.0.1] [--timeout_s S] -- python train.py
 
+The tasks listen on --address only. TensorFlow's gRPC server binds every interface whatever
+TF_CONFIG says, and runs graphs (reads and writes files as this user) for anyone who reaches
+it; the launcher preloads its bind guard (ops/launch/bind_address.c) into the tasks so that
+the server binds --address instead. With the default, 127.0.0.1, no other host can reach the
+tasks. --listen_on_all_interfaces gives TensorFlow's own behaviour back, for a trusted network.
+
 Each task's output lines are prefixed with its rank. When one task fails, the others are
 stopped (a peer left in a collective would wait for its timeout); past --timeout_s all are
 killed and the exit status is 124, as timeout(1)'s. A task killed by a signal gives 128 + its
@@ -15,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import ipaddress
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -28,6 +36,32 @@ from typing import IO, Sequence
 TIMED_OUT = 124
 _GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1  # prctl(2)
+BIND_GUARD = "_bind_address.so"
+BIND_ADDRESS_ENV = "CROSSOVER_BIND_ADDRESS"  # read by the bind guard
+# Beside the op library (pip build, ops/Makefile), or ops/ at the repository root (Bazel's
+# //ops:_bind_address.so).
+BIND_GUARD_CANDIDATES = (pathlib.Path(__file__).parent / "lease" / BIND_GUARD,
+                         pathlib.Path(__file__).resolve().parents[1] / "ops" / BIND_GUARD)
+
+
+def bind_guard_env(address: str, env: dict[str, str]) -> dict[str, str]:
+    """The variables that make a task's servers listen on address only: the bind guard
+    preloaded (before anything env already preloads) and told the address."""
+    try:
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        raise ValueError(f"crossover_tf.launch: --address must be an IPv4 address (the tasks "
+                         f"listen on it alone), got {address!r}") from None
+    found = [p for p in BIND_GUARD_CANDIDATES if p.is_file()]
+    if not found:
+        raise ValueError(
+            f"crossover_tf.launch: the bind guard {BIND_GUARD} is not built (looked in "
+            f"{', '.join(map(str, BIND_GUARD_CANDIDATES))}); build it with "
+            "`make -C ops lib PYTHON=$(which python)` or reinstall crossover_tf. Without it "
+            "TensorFlow's server would listen on every interface; --listen_on_all_interfaces "
+            "accepts that on a trusted network.")
+    preload = " ".join(filter(None, [str(found[0]), env.get("LD_PRELOAD", "")]))
+    return {"LD_PRELOAD": preload, BIND_ADDRESS_ENV: address}
 
 
 def free_ports(address: str, count: int) -> list[int]:
@@ -82,13 +116,17 @@ def _stop(procs: Sequence[subprocess.Popen], sig: int) -> None:
 
 
 def run(command: Sequence[str], num_proc: int, address: str = "127.0.0.1",
-        timeout_s: float = 0.0, env: dict[str, str] | None = None) -> int:
-    """Runs command as num_proc tasks; returns 0, the first failing task's status, or 124."""
+        timeout_s: float = 0.0, env: dict[str, str] | None = None,
+        listen_on_all_interfaces: bool = False) -> int:
+    """Runs command as num_proc tasks; returns 0, the first failing task's status, or 124.
+    The tasks' servers listen on address alone unless listen_on_all_interfaces."""
     if num_proc < 1:
         raise ValueError(f"crossover_tf.launch: -np must be >= 1, got {num_proc}")
     if not command:
         raise ValueError("crossover_tf.launch: no command given (put it after --)")
     base = dict(os.environ if env is None else env)
+    if not listen_on_all_interfaces:
+        base.update(bind_guard_env(address, base))
     procs, threads = [], []
     workers = [f"{address}:{port}" for port in free_ports(address, num_proc)]
     for rank, config in enumerate(tf_configs(workers)):
@@ -132,7 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", "--num_proc", type=int, required=True)
     parser.add_argument("--address", default="127.0.0.1",
-                        help="the address every task listens on (one machine)")
+                        help="the IPv4 address every task listens on, and only on (one "
+                             "machine; the default reaches no other host)")
+    parser.add_argument("--listen_on_all_interfaces", action="store_true",
+                        help="let TensorFlow's servers listen on every interface, as they do "
+                             "by default: anyone who reaches a port can run graphs as this "
+                             "user, so only on a trusted network")
     parser.add_argument("--timeout_s", type=float, default=0.0,
                         help="kill all tasks past this many seconds (0: no limit)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -141,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGHUP, _exit_on_sigterm)
     try:
-        return run(command, args.num_proc, args.address, args.timeout_s)
+        return run(command, args.num_proc, args.address, args.timeout_s,
+                   listen_on_all_interfaces=args.listen_on_all_interfaces)
     except ValueError as err:
         parser.error(str(err))
         return 2

@@ -87,7 +87,8 @@ trap 'timeout 120 bazel --noworkspace_rc --bazelrc="$RC" shutdown || true' EXIT
 
 t0=$(date +%s)
 # The shipped libraries, the core's test-only targets (testing/) and the GPU probe's CPU build.
-TARGETS=(//ops:_lease_ops.so //ops:_lease_observer.so //ops:device_lease_test //ops:lease_cli
+TARGETS=(//ops:_lease_ops.so //ops:_lease_observer.so //ops:_bind_address.so
+         //ops:device_lease_test //ops:lease_cli
          //ops:lease_cli_other_layout //ops:gpu_probe_cpu)
 "${BAZEL[@]}" build "${TARGETS[@]}"
 log "bazel build ${TARGETS[*]}: ok in $(( $(date +%s) - t0 )) s"

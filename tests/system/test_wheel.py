@@ -155,6 +155,7 @@ def test_wheel_carries_the_op_and_only_namespaced_packages(built_wheel):
         names = wheel.namelist()
         assert "crossover_tf/lease/_lease_ops.so" in names
         assert "crossover_tf/lease/_lease_observer.so" in names  # the exporter's reader
+        assert "crossover_tf/lease/_bind_address.so" in names  # crossover_tf.launch's guard
         record = json.loads(wheel.read("crossover_tf/lease/_lease_ops.build.json"))
     assert record == {"tensorflow": importlib.metadata.version(tensorflow_distribution())}
     assert [n for n in names if not n.startswith(NAMESPACED)] == []

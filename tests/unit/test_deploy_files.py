@@ -166,6 +166,24 @@ def test_tfjobs_share_one_claim_and_lease_dir_and_use_tensorflow_collectives() -
     _check_pods_share_lease_dir(pods)
 
 
+def test_tfjobs_admit_only_their_own_ranks_to_their_ports() -> None:
+    """TensorFlow's server runs graphs for whoever reaches it (issue 48): each TFJob has a
+    NetworkPolicy that selects its pods and admits ingress from those pods alone."""
+    docs = [d for d in yaml.safe_load_all(K8S_TFJOBS.read_text()) if d]
+    jobs = [d["metadata"]["name"] for d in docs if d["kind"] == "TFJob"]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    label = "training.kubeflow.org/job-name"
+    guarded = {}
+    for policy in policies:
+        spec = policy["spec"]
+        job = spec["podSelector"]["matchLabels"][label]
+        assert spec["policyTypes"] == ["Ingress"], spec
+        (rule,) = spec["ingress"]
+        assert [f["podSelector"]["matchLabels"] for f in rule["from"]] == [{label: job}], rule
+        guarded[job] = policy["metadata"]["name"]
+    assert sorted(guarded) == sorted(jobs), (guarded, jobs)
+
+
 def test_slurm_tensorflow_script_runs_both_jobs_over_every_task_with_overlap() -> None:
     checked = subprocess.run(["bash", "-n", str(SLURM_TENSORFLOW)], capture_output=True,
                              text=True, timeout=30)
