@@ -139,6 +139,13 @@ class CrossoverStrategy:
         """True when this job's allreduces take link turns with the group's other jobs."""
         return self._protocol.link_turn is not None
 
+    @property
+    def in_link_turn_order(self) -> bool:
+        """True while this job is in the group's link-turn order: from its join (its first
+        step) until a pause, leave_device() or the end of fit; the other jobs wait for its
+        turns only then."""
+        return self._protocol.link_turn is not None and self._protocol.link_turn.joined
+
     @contextlib.contextmanager
     def scope(self) -> Iterator["CrossoverStrategy"]:
         """Places variables and ops created inside on this replica's device."""

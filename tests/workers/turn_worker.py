@@ -131,7 +131,7 @@ def refit(strategy, model, x, y, result: dict) -> None:
     joined: list[bool] = []
 
     def at_first_batch() -> None:
-        joined.append(strategy.extended.link_turn.joined)
+        joined.append(strategy.in_link_turn_order)
         if len(joined) == 2:   # the second fit: stands in for its slow first step
             result["peer"] = run_peer(strategy.group, strategy.device_key)
 
@@ -153,7 +153,7 @@ def errors(strategy, model, x, y, result: dict) -> None:
             model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[
                 *strategy.callbacks(), keras.callbacks.LambdaCallback(on_train_batch_end=fail)])
         except (RuntimeError, KeyboardInterrupt) as e:
-            joined.append([type(e).__name__, strategy.extended.link_turn.joined])
+            joined.append([type(e).__name__, strategy.in_link_turn_order])
     result["joined_after_error"] = joined
     result["peer"] = run_peer(strategy.group, strategy.device_key)
 
