@@ -146,21 +146,35 @@ class SegmentFile:
 
 @dataclasses.dataclass(frozen=True)
 class SegmentListing:
-    """The segment names of a lease directory: the first MAX_SEGMENTS in name order, and how
-    many more there were (planted names must not hide real leases silently)."""
+    """The segment names of a lease directory: the first MAX_SEGMENTS, those that may be real
+    leases first (see scan_segments), and how many more there were (planted names must not
+    hide real leases silently)."""
     found: list[SegmentFile]
     not_shown: int
 
 
+def _may_be_a_lease(st: os.stat_result, directory_gid: int) -> bool:
+    """Whether an lstat could be a live lease's segment: a regular file, not empty, and private
+    to its owner (0600) or the directory group's 0660 (group mode), as the trust rule asks
+    (ops/core/lease_dir.cc CheckSegmentTrust). Anyone may create empty or 0666 names in a
+    sticky shared directory; a real segment is neither."""
+    bits = st.st_mode & 0o7777
+    return (statmod.S_ISREG(st.st_mode) and st.st_size > 0
+            and (bits & 0o077 == 0 or (bits == 0o660 and st.st_gid == directory_gid)))
+
+
 def scan_segments(lease_dir: str | os.PathLike | None = None,
                   group: str | None = None) -> SegmentListing:
-    """The lease segment names in the directory (of one group if given), sorted; names that are
-    not <prefix>.<group>.<device_key> with valid parts, and entries that are not regular files
-    (by the directory's own type, never following a link), are ignored. Opens and creates
-    nothing."""
+    """The lease segment names in the directory (of one group if given): those that may be
+    real leases first, each part in name order, so names planted to sort first (empty or
+    0666 files) cannot push a real lease past MAX_SEGMENTS. Names that are not
+    <prefix>.<group>.<device_key> with valid parts, and entries that are not regular files (by
+    the directory's own type, never following a link), are ignored. Opens and creates
+    nothing: each name costs one lstat."""
     directory = resolve_lease_dir(lease_dir)
     if group is not None:
         validate_name("group", group, GROUP_MAX_LEN)
+    directory_gid = os.stat(directory).st_gid
     names = []
     with os.scandir(directory) as entries:
         for entry in entries:
@@ -168,10 +182,14 @@ def scan_segments(lease_dir: str | os.PathLike | None = None,
             if (len(parts) == 3 and parts[0] == SEGMENT_PREFIX and _NAME_RE.fullmatch(parts[1])
                     and _NAME_RE.fullmatch(parts[2]) and (group is None or parts[1] == group)
                     and entry.is_file(follow_symlinks=False)):
-                names.append((entry.name, parts[1], parts[2]))
+                try:
+                    maybe = _may_be_a_lease(entry.stat(follow_symlinks=False), directory_gid)
+                except OSError:  # removed meanwhile
+                    continue
+                names.append((not maybe, entry.name, parts[1], parts[2]))
     names.sort()
     return SegmentListing([SegmentFile(g, key, directory / name)
-                           for name, g, key in names[:MAX_SEGMENTS]],
+                           for _, name, g, key in names[:MAX_SEGMENTS]],
                           max(0, len(names) - MAX_SEGMENTS))
 
 

@@ -21,7 +21,8 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class DirectoryRead(Generic[T]):
-    """The leases read, in name order, and one line for each file or group of files skipped."""
+    """The leases read (those that may be real first, then by name: scan_segments), and one
+    line for each file or group of files skipped."""
     read: list[tuple[SegmentFile, T]]
     skipped: list[str]
 

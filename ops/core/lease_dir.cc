@@ -123,6 +123,11 @@ std::string GroupProblem(const std::string& path, const struct stat& st, uid_t m
     return DescribeFile(path, st) + " is not writable by its group, so the group's jobs cannot all "
            "create their lease there";
   }
+  if (!(st.st_mode & S_ISVTX)) {
+    return DescribeFile(path, st) + " is not sticky: in group mode any member could rename or "
+           "remove another member's live segment, and the next job would start a second lease "
+           "(two holders at once)";
+  }
   if (member && me != 0 && !ProcessInGroup(st.st_gid)) {
     return DescribeFile(path, st) + ": in group mode (shared_group) every job's user must be a "
            "member of the group of the lease directory " + path + " (gid " +
@@ -134,14 +139,14 @@ std::string GroupProblem(const std::string& path, const struct stat& st, uid_t m
 LeaseStatus Refuse(const std::string& dir, const std::string& problem, DirUse use) {
   std::string fix;
   if (use == DirUse::kGroup) {
-    fix = "make it the group's, writable by the group and nobody else: as root, `install -d "
-          "-m 2770 -g GROUP " + dir + "` (or `chgrp GROUP " + dir + " && chmod 2770 " + dir +
-          "`)";
+    fix = "make it the group's, writable by the group and nobody else, and sticky: as root, "
+          "`install -d -m 3770 -g GROUP " + dir + "` (or `chgrp GROUP " + dir + " && chmod 3770 " +
+          dir + "`)";
   } else {
     fix = "create it so that no other user can change its entries: as root, `install -d -m "
           "1777 " + dir + "` (sticky, like /dev/shm: every user's segments stay their own), "
           "or as this job's user, `install -d -m 0700 " + dir + "`; several users who share a "
-          "lease use group mode in a directory made with `install -d -m 2770 -g GROUP " + dir +
+          "lease use group mode in a directory made with `install -d -m 3770 -g GROUP " + dir +
           "`";
   }
   return Denied(
@@ -261,7 +266,7 @@ LeaseStatus CheckSegmentTrust(const std::string& path, const struct stat& st, gi
           path + " belongs to " + UserText(st.st_uid) + ", who is not a member of the lease "
               "directory's group (gid " + std::to_string(dir_gid) + "): a user outside the "
               "group planted it. Remove it, and make the directory writable by the group only "
-              "(chmod 2770)");
+              "(chmod 3770)");
     }
     return LeaseStatus::Ok();
   }

@@ -9,8 +9,9 @@
 //    none is writable by group or others unless it is sticky (a sticky directory such as /tmp
 //    or /dev/shm lets nobody but a file's owner rename or remove it);
 //  * group mode (several users share a lease): the directory may also belong to a member of
-//    its group; it is writable by that group, never by others (sticky or not), and this job's
-//    user is a member of the group;
+//    its group; it is writable by that group, never by others (sticky or not), sticky (so no
+//    member renames or removes another's segment), and this job's user is a member of the
+//    group. Members can still write each other's 0660 segments: they must trust each other;
 //  * every segment file is a regular file, this user's and private to it (0600; group mode:
 //    0660, of the directory's group, its owner root, this user or a member of that group).
 // Anything else is refused, naming the path, its owner and mode, and the command that fixes it.

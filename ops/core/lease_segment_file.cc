@@ -131,13 +131,13 @@ LeaseStatus OpenError(const SegmentFile& file) {
             file.dir + " is not writable by this process (uid " + std::to_string(geteuid()) +
             "). Make it writable by every job of the group on this host (docs/deploying.md: "
             "`install -d -m 1777 DIR` as root, `install -d -m 0700 DIR` as the jobs' user, or "
-            "group mode in `install -d -m 2770 -g GROUP DIR`)");
+            "group mode in `install -d -m 3770 -g GROUP DIR`)");
   }
   errno = error;
   if (file.shared_group) {
     msg += "; in group mode (shared_group) every job's user must be a member of the group of "
            "the lease directory " + file.dir + " (gid " + std::to_string(file.dir_gid) +
-           "), which must let that group in (e.g. mode 2770)";
+           "), which must let that group in (e.g. mode 3770)";
   } else {
     msg += "; it belongs to another user" +
            (exists ? " (" + DescribeFile(file.path, st) + ")" : std::string()) +

@@ -976,7 +976,7 @@ void TestGroupMode() {
   }
   TempDir dir;
   constexpr gid_t kGroup = 62000;
-  EXPECT(chown(dir.path.c_str(), 0, kGroup) == 0 && chmod(dir.path.c_str(), 02770) == 0, "dir");
+  EXPECT(chown(dir.path.c_str(), 0, kGroup) == 0 && chmod(dir.path.c_str(), 03770) == 0, "dir");
   TestGroup g("groupmode", dir.path), planted("planted", dir.path);
   g.options.shared_group = planted.options.shared_group = true;
   const mode_t old_umask = umask(077);
@@ -1012,11 +1012,11 @@ void TestGroupMode() {
   int maker_status = 0;
   EXPECT(maker > 0 && waitpid(maker, &maker_status, 0) == maker && maker_status == 0,
          "making the group-mode segment in a child");
-  // Without group mode the group-writable directory itself fails the trust rule, before any
-  // segment is looked at.
+  // Without group mode the sticky group directory passes as a shared scratch directory (as
+  // /tmp does: nobody renames another's file), and the group's 0660 segment is refused.
   s = DeviceLease::Get(fresh.group, fresh.key, &refused, not_group);
-  EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "trust rule") &&
-             Contains(s.message, "writable by its group") && Contains(s.message, "group mode"),
+  EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "has permissions 0660") &&
+             Contains(s.message, "group mode"),
          s.message);
 }
 
@@ -1047,6 +1047,7 @@ void TestDirectoryTrustRule() {
       {0, 62000, 0770, false, "writable by its group or by others and is not sticky"},
       {0, 62000, 03777, true, "writable by others"},
       {0, 62000, 02750, true, "not writable by its group"},
+      {0, 62000, 02770, true, "is not sticky: in group mode any member could rename"},
   };
   int n = 0;
   for (const Case& c : refused) {
@@ -1058,7 +1059,8 @@ void TestDirectoryTrustRule() {
     EXPECT(s.code == LeaseCode::kPermissionDenied && Contains(s.message, "trust rule") &&
                Contains(s.message, c.says) && Contains(s.message, dir + " (owner uid " +
                                                                    std::to_string(c.uid)) &&
-               Contains(s.message, "install -d -m"),
+               Contains(s.message, "install -d -m") &&
+               (!c.group || Contains(s.message, "install -d -m 3770 -g GROUP")),
            "mode " << std::oct << c.mode << ": " << s.message);
     EXPECT(access(g.Path().c_str(), F_OK) != 0, "a segment was created in a refused directory");
   }
@@ -1074,7 +1076,7 @@ void TestDirectoryTrustRule() {
          s.message);
   EXPECT(chmod(parent.path.c_str(), 01777) == 0, "parent");
   const Case passed[] = {{0, 0, 01777, false, ""}, {0, 0, 0700, false, ""},
-                         {0, 62000, 02770, true, ""}};
+                         {0, 62000, 03770, true, ""}};
   for (const Case& c : passed) {
     EXPECT(chown(dir.c_str(), c.uid, c.gid) == 0 && chmod(dir.c_str(), c.mode) == 0, "dir");
     TestGroup g("trust" + std::to_string(n++), dir);

@@ -111,7 +111,7 @@ def test_group_mode_refuses_a_world_writable_directory_and_a_planted_segment(lea
     """Before: in a world-writable setgid directory (3777) an outsider's file inherited the
     group and 0660 and was accepted; the outsider then cleared the holder word and a second
     member acquired while the first held. Now the directory is refused (writable by others),
-    and once it is 2770, the planted file is refused (its owner is outside the group)."""
+    and once it is 3770, the planted file is refused (its owner is outside the group)."""
     with group_dir() as leases:
         leases.chmod(0o3777)
         segment = leases / f"crossover.{lease_group}.dev"
@@ -126,7 +126,7 @@ def test_group_mode_refuses_a_world_writable_directory_and_a_planted_segment(lea
         assert refused.returncode == 2, refused
         assert "fails the lease's trust rule" in refused.stderr
         assert "is writable by others: in group mode" in refused.stderr, refused.stderr
-        leases.chmod(0o2770)
+        leases.chmod(0o3770)
         refused = _run(member, _env(leases, group_mode=True))
         assert refused.returncode == 2, refused
         assert f"{segment} belongs to uid {NOBODY} (nobody), who is not a member" in \

@@ -44,12 +44,13 @@ def scratch_base() -> Iterator[pathlib.Path]:
 
 @contextlib.contextmanager
 def group_dir() -> Iterator[pathlib.Path]:
-    """A lease directory of group GROUP_GID, mode 2770 (group mode's), in a scratch base."""
+    """A lease directory of group GROUP_GID, mode 3770 (group mode's: setgid, sticky), in a
+    scratch base."""
     with scratch_base() as base:
         leases = base / "leases"
         leases.mkdir()
         os.chown(leases, 0, GROUP_GID)
-        leases.chmod(0o2770)
+        leases.chmod(0o3770)
         yield leases
 
 
