@@ -28,6 +28,10 @@ for _path in (REPO_ROOT, TESTS / "support"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+# Fixtures shared by several test modules (tests/support/compare_fakes.py: the comparison's
+# fake cluster and jobs).
+pytest_plugins = ["compare_fakes"]
+
 
 @functools.lru_cache(maxsize=None)
 def gpu_visible() -> bool:
