@@ -170,6 +170,18 @@ void LeaseSegment::RemoveIfLast() {
   if (LiveProcess(lock_fd_).empty() && NameRefersTo(path_, held_)) {
     unlink(path_.c_str());  // may fail (a sticky directory, another member's file): harmless
   }
+  // Leaving for good: drop this process's own locks (its presence and slot bytes) before the
+  // flock goes back, so that a member exiting at the same moment, next under the flock, finds
+  // nobody live and removes the segment. Before, each of two last members saw the other's
+  // locks (held until its process ended) and neither removed it: a segment left with no
+  // members. The description is this process's own (a forked child reopens its own), so no
+  // other process's liveness goes with it.
+  struct flock all = {};
+  all.l_type = F_UNLCK;
+  all.l_whence = SEEK_SET;
+  all.l_start = 0;
+  all.l_len = 0;  // the whole file
+  fcntl(lock_fd_, F_OFD_SETLK, &all);
   flock(lock_fd_, LOCK_UN);
 }
 

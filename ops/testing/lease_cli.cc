@@ -21,6 +21,8 @@
 //
 // Environment (as a deployment would set it): CROSSOVER_LEASE_DIR (the lease directory, default
 // /dev/shm), CROSSOVER_LEASE_SHARED_GROUP=1 (group mode), CROSSOVER_LEASE_JOB (the job label).
+// LEASE_CLI_EXIT_LINGER_MS=N (tests only): the process lingers N ms after the lease's own exit
+// handler (last member out) has run, as a TensorFlow process does while it tears down.
 //
 // Every mode bounds its loops in count and time. The last line printed is a summary of
 // key=value pairs that the tests parse; the exit code is 0 unless the mode itself failed.
@@ -32,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -473,8 +476,18 @@ int Priority(char** argv) {
 
 }  // namespace
 
+int g_exit_linger_ms = 0;
+
+void LingerAtExit() { usleep(static_cast<useconds_t>(g_exit_linger_ms) * 1000); }
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  // Registered before any lease is opened: exit handlers run last-registered first, so this
+  // one runs after the lease's.
+  if (const char* linger = getenv("LEASE_CLI_EXIT_LINGER_MS")) {
+    g_exit_linger_ms = std::min(std::max(atoi(linger), 0), 10000);
+    atexit(LingerAtExit);
+  }
   if (mode == "cycles" && argc >= 7) return Cycles(argv, argc);
   if (mode == "hold" && argc == 5) return Hold(argv);
   if (mode == "acquire" && argc == 6) return AcquireOnce(argv);

@@ -325,6 +325,35 @@ def test_status_shows_members_holder_and_queue_without_joining(tmp_path, lease_g
     assert other.returncode == 0 and "no leases in" in other.stdout
 
 
+PAIRS = 20
+
+
+@pytest.mark.multiprocess
+def test_pairs_that_end_together_leave_the_lease_directory_empty(tmp_path, lease_group,
+                                                                 lease_cli):
+    """Issue 48, item 6: once in four clean pair runs a segment was left with no members.
+    Two members exiting at once each saw the other's locks (held until its process ended,
+    which a TensorFlow process takes its time over) and neither removed the segment; now each
+    drops its own locks before the next takes the removal's flock. PAIRS pairs of contenders
+    that step together, exit together, and linger 300 ms past the lease's exit handler."""
+    leases = tmp_path / "leases"
+    leases.mkdir(mode=0o700)
+    env = {**os.environ, segments.LEASE_DIR_ENV: str(leases), "LEASE_CLI_EXIT_LINGER_MS": "300"}
+    left = []
+    for run in range(PAIRS):
+        barrier = tmp_path / f"barrier{run}"
+        procs = [subprocess.Popen([str(lease_cli), "cycles", lease_group, "dev", "3", "500",
+                                   str(tmp_path / f"out{run}_{j}"), str(barrier), "2"],
+                                  env=env, stdout=subprocess.DEVNULL)
+                 for j in range(2)]
+        assert [proc.wait(timeout=60) for proc in procs] == [0, 0]
+        if any(leases.iterdir()):
+            left.append(run)
+            for path in leases.iterdir():
+                path.unlink()
+    assert not left, f"{len(left)} of {PAIRS} clean pairs left their segment: runs {left}"
+
+
 # ----- group mode: several users --------------------------------------------------------------
 
 @needs_other_users
