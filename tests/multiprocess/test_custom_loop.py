@@ -12,7 +12,7 @@ import pytest
 from conftest import (BACKENDS, WORKERS, horovodrun_command, launch_command, run_alongside,
                       run_bounded)
 from crossover_tf.profiling import phases as timeline
-from step_crossings import overlap_steps
+from step_crossings import check_turns_inside_steps, overlap_steps, overlapping_turns
 
 WORKER = str(WORKERS / "custom_loop_worker.py")
 STEPS = 20
@@ -30,11 +30,6 @@ def _holds(events: list) -> np.ndarray:
     """[n, 2] acquired/released ns of every completed hold."""
     events = np.asarray(events, dtype=np.int64).reshape(-1, 4)
     return events[events[:, 2] > 0][:, 1:3]
-
-
-def _turns(result: dict) -> np.ndarray:
-    """[turns, 2] start_ns, done_ns of one rank's link turns (its allreduces)."""
-    return np.asarray(result["turn_timeline"], dtype=np.int64).reshape(-1, 4)[:, 1:3]
 
 
 @pytest.mark.multiprocess
@@ -82,27 +77,15 @@ def test_crossed_custom_loop_trains_like_plain_horovod_and_never_holds_at_once(
                         *map(tuple, _holds(b[rank]["timeline"]))])
         overlapping = [(x, y) for x, y in zip(holds, holds[1:]) if x[1] > y[0]]
         assert not overlapping, f"rank {rank}: holds at once {overlapping[:3]}"
-        if link_turns:
-            _check_link_turns(rank, a[rank], b[rank], phases)
+        if link_turns:  # one turn a step, inside it; one overlap per join at most, by design
+            for job in (a, b):
+                check_turns_inside_steps(job[rank], STEPS)
+            overlaps = overlapping_turns(a[rank], b[rank])
+            assert overlaps <= 2, f"host {rank}: {overlaps} allreduces overlapped"
     crossings = sum(overlap_steps(timeline.step_phases(a[r]["timeline"]),
                                   timeline.step_phases(b[r]["timeline"]))
                     for r in range(2))
     print(f"A's computes during B's allreduce: {crossings} of {2 * STEPS}")
-
-
-def _check_link_turns(rank: int, a: dict, b: dict, phases: list[np.ndarray]) -> None:
-    """Every step took one turn, between its yield and its re-acquire, and on the host the two
-    jobs' allreduces ran one at a time (but for one overlap per join, by design: see
-    lease/link_turn.py)."""
-    for job, job_phases in zip((a, b), phases):
-        stats = job["link_turn_stats"]
-        assert stats["turns"] == STEPS and stats["skipped"] == 0, stats
-        turns = _turns(job)
-        assert np.all(job_phases[:, 1] <= turns[:, 0]), "allreduce began before the yield"
-        assert np.all(turns[:, 1] <= job_phases[:, 3]), "apply began before the allreduce ended"
-    both = sorted([*map(tuple, _turns(a)), *map(tuple, _turns(b))])
-    overlaps = sum(end > start for (_, end), (start, _) in zip(both, both[1:]))
-    assert overlaps <= 2, f"host {rank}: {overlaps} allreduces overlapped"
 
 
 @pytest.mark.multiprocess

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import BACKENDS, REPO_ROOT, launch_command, run_alongside, run_bounded
-from crossover_tf.profiling import phases as timeline
+from step_crossings import check_turns_inside_steps, overlapping_turns, turn_intervals
 from test_strategy import WORKER, _check, _load, assert_trains_like_reference
 
 STEPS, EPOCHS = 20, 2
@@ -124,11 +124,6 @@ def test_priority_with_link_turn_is_refused(priority):
                                        link_turn=crossover_tf.LinkTurnOptions(position=0))
 
 
-def _intervals(result: dict) -> np.ndarray:
-    """[turns, 2] start_ns, done_ns of one rank's turns (its allreduces)."""
-    return np.asarray(result["turn_timeline"], dtype=np.int64).reshape(-1, 4)[:, 1:3]
-
-
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -159,18 +154,13 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env, 
     for rank in range(2):   # rank r of A and rank r of B share host r's device cpu<r>
         a, b = crossed_a[rank], crossed_b[rank]
         for r in (a, b):
-            stats = r["link_turn_stats"]
-            assert stats["turns"] == STEPS and stats["skipped"] == 0, r
-            phases = timeline.step_phases(r["timeline"])
-            turns = _intervals(r)
-            assert np.all(phases[:, 1] <= turns[:, 0]), "allreduce began before the yield"
-            assert np.all(turns[:, 1] <= phases[:, 3]), "apply began before the allreduce ended"
-        both = sorted([(s, e, "A") for s, e in _intervals(a)] +
-                      [(s, e, "B") for s, e in _intervals(b)])
+            check_turns_inside_steps(r, STEPS)
+        both = sorted([(s, e, "A") for s, e in turn_intervals(a)] +
+                      [(s, e, "B") for s, e in turn_intervals(b)])
         # A job that joins (each epoch) takes the turn before the other's next one, which may
         # already be under way on this host: at most one overlap per join, by design (see
         # lease/link_turn.py); without turns nearly every allreduce overlaps.
-        overlaps = sum(end > start for (_, end, _), (start, _, _) in zip(both, both[1:]))
+        overlaps = overlapping_turns(a, b)
         assert overlaps <= 2 * EPOCHS, f"host {rank}: {overlaps} allreduces overlapped"
         order = "".join(job for _, _, job in both)
         orders.append(order)
