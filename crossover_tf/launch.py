@@ -24,7 +24,6 @@ import ctypes
 import ipaddress
 import json
 import os
-import pathlib
 import signal
 import socket
 import subprocess
@@ -33,15 +32,14 @@ import threading
 import time
 from typing import IO, Sequence
 
+from crossover_tf.lease.library_paths import library_candidates
+
 TIMED_OUT = 124
 _GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 BIND_GUARD = "_bind_address.so"
 BIND_ADDRESS_ENV = "CROSSOVER_BIND_ADDRESS"  # read by the bind guard
-# Beside the op library (pip build, ops/Makefile), or ops/ at the repository root (Bazel's
-# //ops:_bind_address.so).
-BIND_GUARD_CANDIDATES = (pathlib.Path(__file__).parent / "lease" / BIND_GUARD,
-                         pathlib.Path(__file__).resolve().parents[1] / "ops" / BIND_GUARD)
+BIND_GUARD_CANDIDATES = library_candidates(BIND_GUARD)  # beside the op library
 
 
 def bind_guard_env(address: str, env: dict[str, str]) -> dict[str, str]:

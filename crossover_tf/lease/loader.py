@@ -15,11 +15,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from crossover_tf.lease.library_paths import library_candidates
+
 LIBRARY_NAME = "_lease_ops.so"
-# Where the library may be: $CROSSOVER_LEASE_OPS (explicit), beside this file (pip build,
-# ops/Makefile), or ops/ at the repository root (Bazel runfiles of //ops:_lease_ops.so).
-LIBRARY_CANDIDATES = (pathlib.Path(__file__).with_name(LIBRARY_NAME),
-                      pathlib.Path(__file__).resolve().parents[2] / "ops" / LIBRARY_NAME)
+# Where the library may be: $CROSSOVER_LEASE_OPS (explicit), else library_paths' places.
+LIBRARY_CANDIDATES = library_candidates(LIBRARY_NAME)
 REBUILD_HINT = ("reinstall crossover_tf against this TensorFlow "
                 "(`pip install --no-build-isolation --force-reinstall --no-deps .` in its "
                 "source tree, or scripts/install.sh), or rebuild it with "

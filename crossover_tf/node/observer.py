@@ -17,13 +17,12 @@ import json
 import os
 import pathlib
 
+from crossover_tf.lease.library_paths import library_candidates
 from crossover_tf.lease.membership import PRIORITY_NAMES, Member, Waiter
 
 LIBRARY_NAME = "_lease_observer.so"
-# $CROSSOVER_LEASE_OBSERVER (explicit), beside the op library in crossover_tf/lease/ (pip
-# build, ops/Makefile), or ops/ at the repository root (Bazel's //ops:_lease_observer.so).
-LIBRARY_CANDIDATES = (pathlib.Path(__file__).parents[1] / "lease" / LIBRARY_NAME,
-                      pathlib.Path(__file__).resolve().parents[2] / "ops" / LIBRARY_NAME)
+# $CROSSOVER_LEASE_OBSERVER (explicit), else beside the op library (lease.library_paths).
+LIBRARY_CANDIDATES = library_candidates(LIBRARY_NAME)
 OBSERVE_BOUND_S = 0.5  # longest one read retries for a consistent copy of a segment
 MAX_OBSERVE_BOUND_S = 60.0  # the core's kMaxInspectBoundS
 
