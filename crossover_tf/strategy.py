@@ -14,10 +14,9 @@ import contextlib
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
-
-import numpy as np
 
 from crossover_tf import callbacks, options
 from crossover_tf._hold import custom_loop
@@ -210,7 +209,7 @@ class CrossoverStrategy:
         options.validate_micro_batches(micro_batches)
         result: list[keras.callbacks.Callback] = [
             callbacks.CrossoverTrainStepCallback(self._protocol, micro_batches)]
-        if average_metrics and self.size > 1:
+        if average_metrics:  # a job of one rank averages nothing (StepProtocol.average_logs)
             result.append(callbacks.MetricAverage(self._protocol))
         return result
 
