@@ -19,6 +19,7 @@ import dataclasses
 import fcntl
 import os
 import pathlib
+import pwd
 import re
 import stat as statmod
 from typing import Iterable
@@ -90,19 +91,76 @@ def check_local(path: pathlib.Path, f_type: int) -> None:
             "disk)")
 
 
-def resolve_lease_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path:
+MAX_LINKS = 40  # as the kernel's ELOOP bound
+
+
+def _owner_text(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _resolve_trusted_links(directory: pathlib.Path, shown: str, observer: bool) -> pathlib.Path:
+    """directory with its links resolved one component at a time, following a link only if
+    root or this user owns it (an observer: also the owner of the directory holding it), the C++
+    core's rule (ops/core/lease_dir.h). A link anyone else owns could be re-pointed between two
+    jobs' resolutions, putting them on two directories: two holders at once. So it is refused,
+    never followed, whatever it points at now."""
+    me = os.geteuid()
+    todo = list(reversed(directory.absolute().parts[1:]))
+    current, links = pathlib.Path("/"), 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent
+            continue
+        candidate = current / name
+        st = os.lstat(candidate)
+        if not statmod.S_ISLNK(st.st_mode):
+            current = candidate
+            continue
+        trusted = {0, me} | ({os.lstat(current).st_uid} if observer else set())
+        if st.st_uid not in trusted:
+            raise LeaseDirError(
+                f"crossover lease directory {shown}: {candidate} is a symbolic link owned by "
+                f"{_owner_text(st.st_uid)}, who is neither root nor this job's user "
+                f"({_owner_text(me)}): its owner could point it at another directory between "
+                "two jobs' opens, and the group's jobs would hold two leases (two holders at "
+                "once). Name the directory itself, not the link (docs/deploying.md, \"Who may "
+                "write the lease directory\")")
+        links += 1
+        if links > MAX_LINKS:
+            raise LeaseDirError(f"crossover lease directory {shown}: more than {MAX_LINKS} "
+                                "symbolic links on its path (a loop?)")
+        target = pathlib.PurePosixPath(os.readlink(candidate))
+        if target.is_absolute():
+            current = pathlib.Path("/")
+        todo.extend(reversed([part for part in target.parts if part != "/"]))
+    return current
+
+
+def resolve_lease_dir(explicit: str | os.PathLike | None = None, *,
+                      observer: bool = False) -> pathlib.Path:
     """The lease directory: explicit, else $CROSSOVER_LEASE_DIR, else /dev/shm; resolved to an
-    absolute path and checked (it exists, is a directory, is on a local file system)."""
+    absolute path and checked (it exists, is a directory, is on a local file system, and no
+    link on its path belongs to another user; observer: status and the exporter, which read
+    every user's leases and also follow a link of the directory owner's)."""
     chosen = explicit if explicit not in (None, "") else os.environ.get(LEASE_DIR_ENV) or None
     directory = pathlib.Path(chosen) if chosen is not None else DEFAULT_LEASE_DIR
     source = "" if explicit not in (None, "") or chosen is None else f" (from ${LEASE_DIR_ENV})"
-    if not directory.exists():
+    try:
+        resolved = _resolve_trusted_links(directory, f"{directory}{source}", observer)
+    except (FileNotFoundError, NotADirectoryError):
+        resolved = None
+    if resolved is None or not resolved.exists():
         raise LeaseDirError(f"crossover lease directory {directory}{source} does not exist: "
                             "create it (it must be the same directory for every job of the "
                             "group on this host)")
-    if not directory.is_dir():
+    if not resolved.is_dir():
         raise LeaseDirError(f"crossover lease directory {directory}{source} is not a directory")
-    resolved = directory.resolve()
     check_local(resolved, file_system_type(resolved))
     return resolved
 

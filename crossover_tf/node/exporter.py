@@ -84,7 +84,8 @@ class LeaseCollector(Collector):
 
     def __init__(self, lease_dir: str | os.PathLike | None = None, group: str | None = None,
                  bound_s: float = SCRAPE_BOUND_S) -> None:
-        self.lease_dir = resolve_lease_dir(lease_dir)  # checked at start too: fail early
+        # Checked at start too: fail early.
+        self.lease_dir = resolve_lease_dir(lease_dir, observer=True)
         check_library()
         self.group = group
         self.bound_s = bound_s

@@ -45,7 +45,7 @@ def status(lease_dir: str | None, group: str | None,
            bound_s: float = STATUS_BOUND_S) -> tuple[str, int]:
     """The status text and exit code (1 if some segment was skipped, could not be read, or was
     not reached within bound_s)."""
-    directory = resolve_lease_dir(lease_dir)
+    directory = resolve_lease_dir(lease_dir, observer=True)
     result = read_directory(directory, group, read_snapshot, (tf.errors.OpError,), bound_s,
                             INSPECT_BOUND_S)
     if not result.read and not result.skipped:

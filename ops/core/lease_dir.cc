@@ -1,11 +1,15 @@
 // The lease directory's file system allowlist and trust rule (see lease_dir.h).
 #include "core/lease_dir.h"
 
+#include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "core/lease_internal.h"
@@ -139,15 +143,17 @@ std::string GroupProblem(const std::string& path, const struct stat& st, uid_t m
 LeaseStatus Refuse(const std::string& dir, const std::string& problem, DirUse use) {
   std::string fix;
   if (use == DirUse::kGroup) {
-    fix = "make it the group's, writable by the group and nobody else, and sticky: as root, "
-          "`install -d -m 3770 -g GROUP " + dir + "` (or `chgrp GROUP " + dir + " && chmod 3770 " +
-          dir + "`)";
+    fix = "make it the group's, writable by the group and nobody else, and sticky, under a "
+          "parent only root can write (in /tmp or /var/tmp another user could plant a link at "
+          "the name first, and root's install would follow it): as root, `install -d -m 3770 "
+          "-g GROUP " + dir + "`, or a systemd-tmpfiles line `d " + dir + " 3770 root GROUP -`, "
+          "which refuses a link on the path";
   } else {
-    fix = "create it so that no other user can change its entries: as root, `install -d -m "
-          "1777 " + dir + "` (sticky, like /dev/shm: every user's segments stay their own), "
-          "or as this job's user, `install -d -m 0700 " + dir + "`; several users who share a "
-          "lease use group mode in a directory made with `install -d -m 3770 -g GROUP " + dir +
-          "`";
+    fix = "create it so that no other user can change its entries: as root, under a parent "
+          "only root can write, `install -d -m 1777 " + dir + "` (sticky, like /dev/shm: every "
+          "user's segments stay their own), or as this job's user, `install -d -m 0700 " + dir +
+          "`; several users who share a lease use group mode in a directory made with "
+          "`install -d -m 3770 -g GROUP " + dir + "`";
   }
   return Denied(
       "crossover lease directory " + dir + " fails the lease's trust rule: " + problem +
@@ -189,53 +195,184 @@ std::string ModeText(mode_t mode) {
 
 bool UidInGroup(uid_t uid, gid_t gid) { return MembershipOf(uid, gid) == Membership::kMember; }
 
-LeaseStatus CheckDirTrust(const std::string& dir, DirUse use, bool* group_mode) {
-  const uid_t me = geteuid();
-  std::vector<std::string> paths{"/"};
-  for (size_t end = 1; end <= dir.size(); ++end) {
-    if ((end == dir.size() || dir[end] == '/') && dir[end - 1] != '/') {
-      paths.push_back(dir.substr(0, end));
+TrustedDir::TrustedDir(int fd, std::string path, const struct stat& st, bool group_mode)
+    : fd_(fd), path_(std::move(path)), st_(st), group_mode_(group_mode) {}
+
+TrustedDir::~TrustedDir() {
+  if (fd_ >= 0) close(fd_);
+}
+
+namespace {
+
+constexpr int kMaxLinks = 40;  // as the kernel's ELOOP bound
+
+// Why a directory on the lease path is not safe ("" if it is): the rule for an ancestor, or
+// for the lease directory itself (leaf), for this use; *is_group: it passed as a group-mode one.
+std::string DirProblem(const std::string& path, const struct stat& st, DirUse use, bool leaf,
+                       uid_t me, bool* is_group) {
+  *is_group = false;
+  if (use == DirUse::kObserve) {
+    // An observer (status, the exporter) only reads, and reads every user's leases: it
+    // trusts a directory's owner, whoever that is, as long as nobody else can change its
+    // entries; a lease directory may also be a group-mode one.
+    const uid_t trusted = (st.st_uid == 0 || st.st_uid == me) ? me : st.st_uid;
+    std::string problem = PrivateProblem(path, st, trusted);
+    if (!problem.empty() && leaf) {
+      const std::string group = GroupProblem(path, st, me, /*member=*/false);
+      if (group.empty()) {
+        *is_group = true;
+        return "";
+      }
+      problem += "; nor does it pass as a group-mode directory: " + group;
     }
+    return problem;
   }
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const std::string& path = paths[i];
+  if (!leaf || use == DirUse::kPrivate) return PrivateProblem(path, st, me);
+  *is_group = true;
+  return GroupProblem(path, st, me, /*member=*/true);
+}
+
+// Why the link at path, found in a directory whose fstat is parent, may not be followed; "" if
+// it may: its owner is root or this job's user (an observer: also the directory's owner).
+// Its directory passed the rule, so nobody else can replace the link itself.
+std::string LinkProblem(const std::string& path, const struct stat& link,
+                        const struct stat& parent, DirUse use, uid_t me) {
+  if (link.st_uid == 0 || link.st_uid == me) return "";
+  if (use == DirUse::kObserve && link.st_uid == parent.st_uid) return "";
+  return path + " is a symbolic link owned by " + UserText(link.st_uid) + ", who is neither "
+         "root nor this job's user (" + UserText(me) + "): its owner could point it at "
+         "another directory between two jobs' opens, and the group's jobs would hold two "
+         "leases (two holders at once). Name the directory itself, not the link";
+}
+
+std::vector<std::string> Components(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  while (begin <= path.size()) {
+    const size_t end = std::min(path.find('/', begin), path.size());
+    if (end > begin) parts.push_back(path.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return parts;
+}
+
+// One directory of the walk: held open, with its fstat and resolved path.
+struct Step {
+  int fd;
+  std::string path;
+  struct stat st;
+  bool checked;  // as an ancestor
+};
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return dir == "/" ? "/" + name : dir + "/" + name;
+}
+
+}  // namespace
+
+LeaseStatus OpenTrustedDir(const std::string& dir_in, DirUse use,
+                           std::shared_ptr<const TrustedDir>* out) {
+  const uid_t me = geteuid();
+  std::string dir = dir_in;
+  if (dir.empty() || dir[0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) == nullptr) return Internal("getcwd");
+    dir = Join(cwd, dir);
+  }
+  std::vector<Step> stack;
+  auto close_all = [&stack] {
+    for (const Step& step : stack) close(step.fd);
+    stack.clear();
+  };
+  auto fail = [&close_all](LeaseStatus status) {
+    close_all();
+    return status;
+  };
+  auto open_root = [&]() -> LeaseStatus {
+    close_all();
+    const int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return Internal("open /");
+    stack.push_back(Step{fd, "/", {}, false});
+    if (fstat(fd, &stack.back().st) != 0) return Internal("fstat /");
+    return LeaseStatus::Ok();
+  };
+  auto missing = [&dir](const std::string& path) {
+    return LeaseStatus::Error(
+        LeaseCode::kInvalidArgument,
+        Errno("crossover lease directory " + dir + " cannot be used (" + path + ")") +
+            " (it must exist and be the same directory for every job of the group on this "
+            "host)");
+  };
+  LeaseStatus status = open_root();
+  if (!status.ok()) return fail(status);
+  std::vector<std::string> todo = Components(dir);
+  std::reverse(todo.begin(), todo.end());  // a stack: the next component last
+  int links = 0;
+  while (!todo.empty()) {
+    const std::string name = todo.back();
+    todo.pop_back();
+    if (name == ".") continue;
+    if (name == "..") {
+      if (stack.size() > 1) {
+        close(stack.back().fd);
+        stack.pop_back();
+      }
+      continue;
+    }
+    Step& cur = stack.back();
+    bool is_group = false;
+    if (!cur.checked) {  // about to trust its entries: it is an ancestor
+      const std::string problem = DirProblem(cur.path, cur.st, use, /*leaf=*/false, me, &is_group);
+      if (!problem.empty()) return fail(Refuse(dir, problem, use));
+      cur.checked = true;
+    }
+    const std::string path = Join(cur.path, name);
     struct stat st;
-    if (lstat(path.c_str(), &st) != 0) {
-      return LeaseStatus::Error(LeaseCode::kInvalidArgument,
-                                Errno("crossover lease directory " + dir + ": cannot check " +
-                                      path));
+    if (fstatat(cur.fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return fail(missing(path));
+    if (S_ISLNK(st.st_mode)) {
+      const std::string problem = LinkProblem(path, st, cur.st, use, me);
+      if (!problem.empty()) return fail(Refuse(dir, problem, use));
+      if (++links > kMaxLinks) {
+        errno = ELOOP;
+        return fail(missing(path));
+      }
+      char target[PATH_MAX];
+      const ssize_t n = readlinkat(cur.fd, name.c_str(), target, sizeof(target) - 1);
+      if (n < 0) return fail(missing(path));
+      target[n] = '\0';
+      std::vector<std::string> parts = Components(target);
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) todo.push_back(*it);
+      if (target[0] == '/') {
+        status = open_root();
+        if (!status.ok()) return fail(status);
+      }
+      continue;
     }
     if (!S_ISDIR(st.st_mode)) {
-      return Denied("crossover lease directory " + dir + ": " + path +
-                    " is no longer a directory (replaced by a link?)");
+      return fail(LeaseStatus::Error(LeaseCode::kInvalidArgument,
+                                     "crossover lease directory " + dir + " is not a directory (" +
+                                         path + " is not one)"));
     }
-    const bool leaf = i + 1 == paths.size();
-    std::string problem;
-    bool is_group = false;
-    if (use == DirUse::kObserve) {
-      // An observer (status, the exporter) only reads, and reads every user's leases: it
-      // trusts a directory's owner, whoever that is, as long as nobody else can change its
-      // entries; a lease directory may also be a group-mode one.
-      const uid_t trusted = (st.st_uid == 0 || st.st_uid == me) ? me : st.st_uid;
-      problem = PrivateProblem(path, st, trusted);
-      if (!problem.empty() && leaf) {
-        const std::string group = GroupProblem(path, st, me, /*member=*/false);
-        if (group.empty()) {
-          problem = "";
-          is_group = true;
-        } else {
-          problem += "; nor does it pass as a group-mode directory: " + group;
-        }
-      }
-    } else if (!leaf || use == DirUse::kPrivate) {
-      problem = PrivateProblem(path, st, me);
-    } else {
-      problem = GroupProblem(path, st, me, /*member=*/true);
-      is_group = true;
+    const int fd = openat(cur.fd, name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat opened;
+    if (fd < 0 || fstat(fd, &opened) != 0 || opened.st_ino != st.st_ino ||
+        opened.st_dev != st.st_dev) {
+      if (fd >= 0) close(fd);
+      return fail(Denied("crossover lease directory " + dir + ": " + path +
+                         " was replaced while it was checked (by a link?)"));
     }
-    if (!problem.empty()) return Refuse(dir, problem, use);
-    if (leaf && group_mode) *group_mode = is_group;
+    stack.push_back(Step{fd, path, opened, false});
   }
+  Step leaf = stack.back();
+  stack.pop_back();
+  close_all();
+  bool is_group = false;
+  const std::string problem = DirProblem(leaf.path, leaf.st, use, /*leaf=*/true, me, &is_group);
+  if (!problem.empty()) {
+    close(leaf.fd);
+    return Refuse(dir, problem, use);
+  }
+  *out = std::make_shared<const TrustedDir>(leaf.fd, leaf.path, leaf.st, is_group);
   return LeaseStatus::Ok();
 }
 

@@ -14,6 +14,12 @@
 //    group. Members can still write each other's 0660 segments: they must trust each other;
 //  * every segment file is a regular file, this user's and private to it (0600; group mode:
 //    0660, of the directory's group, its owner root, this user or a member of that group).
+//  * links: the path is walked one component at a time from "/" (openat, O_NOFOLLOW), and a
+//    symbolic link on it is followed only if it belongs to root or to this job's user (an
+//    observer: also to the owner of the directory that holds it). Its directory already passed
+//    the rule, so nobody else can replace the link; a link anyone else owns could be re-pointed
+//    between two jobs' opens, putting them on two directories (two holders at once). The
+//    directory is then used through the descriptor the walk opened, never by its name again.
 // Anything else is refused, naming the path, its owner and mode, and the command that fixes it.
 #ifndef CROSSOVER_TF_OPS_CORE_LEASE_DIR_H_
 #define CROSSOVER_TF_OPS_CORE_LEASE_DIR_H_
@@ -22,6 +28,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/lease_types.h"
@@ -40,9 +47,36 @@ std::string FileSystemText(int64_t f_type);
 // (status, exporter) that only reads them and accepts a directory of either mode.
 enum class DirUse { kPrivate, kGroup, kObserve };
 
-// The trust rule for dir (absolute, symlinks resolved) and every directory above it. On
-// success *group_mode says whether the directory is a group-mode one (its group may write).
-LeaseStatus CheckDirTrust(const std::string& dir, DirUse use, bool* group_mode = nullptr);
+// A lease directory that passed the trust rule, held open (O_PATH) so that every later open,
+// creation, check and removal in it goes through this descriptor: re-pointing a link or
+// renaming a directory on its path after the walk changes nothing for the holder.
+class TrustedDir {
+ public:
+  TrustedDir() = default;
+  TrustedDir(int fd, std::string path, const struct stat& st, bool group_mode);
+  TrustedDir(const TrustedDir&) = delete;
+  TrustedDir& operator=(const TrustedDir&) = delete;
+  ~TrustedDir();
+
+  int fd() const { return fd_; }
+  // The directory's path with every link resolved (what the walk opened), for messages and
+  // for keying segments: every spelling of one directory gives one path.
+  const std::string& path() const { return path_; }
+  const struct stat& st() const { return st_; }
+  bool group_mode() const { return group_mode_; }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  struct stat st_ = {};
+  bool group_mode_ = false;
+};
+
+// Walks dir (absolute, or relative to the working directory) from "/", checking the trust
+// rule on every directory and link it meets, and opens it. On success *out holds it;
+// group_mode says whether it is a group-mode directory (its group may write).
+LeaseStatus OpenTrustedDir(const std::string& dir, DirUse use,
+                           std::shared_ptr<const TrustedDir>* out);
 
 // The trust rule for a segment file, given its fstat, its directory's group and mode. An
 // observer accepts a private segment (0600) of any user; a job only its own.

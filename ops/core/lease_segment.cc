@@ -42,7 +42,7 @@ LeaseStatus LeaseSegment::Open(const SegmentFile& file, const std::string& name,
   SharedLease* shared = nullptr;
   LeaseStatus status = OpenSegment(file, &fd, &shared, warnings);
   if (status.ok()) {
-    std::shared_ptr<LeaseSegment> segment(new LeaseSegment(name, file.path, job, fd, shared));
+    std::shared_ptr<LeaseSegment> segment(new LeaseSegment(name, file, job, fd, shared));
     Owner me;
     status = segment->Identity(&me);  // claims our slot; repairs state left by crashed runs
     if (status.ok()) *out = std::move(segment);
@@ -50,10 +50,12 @@ LeaseStatus LeaseSegment::Open(const SegmentFile& file, const std::string& name,
   return status;
 }
 
-LeaseSegment::LeaseSegment(std::string name, std::string path, std::string job, int fd,
+LeaseSegment::LeaseSegment(std::string name, const SegmentFile& file, std::string job, int fd,
                            SharedLease* shared)
     : name_(std::move(name)),
-      path_(std::move(path)),
+      path_(file.path),
+      dir_(file.dir),
+      base_(file.base),
       shared_(shared),
       lock_fd_(fd),
       job_(std::move(job)) {
@@ -167,8 +169,9 @@ void LeaseSegment::RemoveIfLast() {
   }
   // Any lock by another open file description (a member's presence or slot, an opener past
   // the flock) means someone is live on it. Opening files hold the flock until they are.
-  if (LiveProcess(lock_fd_).empty() && NameRefersTo(path_, held_)) {
-    unlink(path_.c_str());  // may fail (a sticky directory, another member's file): harmless
+  if (LiveProcess(lock_fd_).empty() && NameRefersTo(dir_->fd(), base_, held_)) {
+    // May fail (a sticky directory, another member's file): harmless.
+    unlinkat(dir_->fd(), base_.c_str(), 0);
   }
   // Leaving for good: drop this process's own locks (its presence and slot bytes) before the
   // flock goes back, so that a member exiting at the same moment, next under the flock, finds

@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "core/lease_dir.h"
 #include "core/lease_internal.h"
 #include "core/lease_liveness.h"
 #include "core/lease_types.h"
@@ -135,9 +136,12 @@ void WakeAll(SharedLease* s);
 // Wakes them without bumping (the caller bumped it under the mutex).
 void WakeWaiters(SharedLease* s);
 
-// A segment file and how it must be owned.
+// A segment file and how it must be owned. Every open, creation, check and removal of it
+// goes through dir's descriptor, by base name, never by path again (lease_dir.h's links).
 struct SegmentFile {
-  std::string dir, path;
+  std::shared_ptr<const TrustedDir> dir;
+  std::string base;  // the file's name in dir: "crossover.<group>.<device_key>"
+  std::string path;  // dir's resolved path + "/" + base: for messages and registry keys
   bool shared_group = false;
   gid_t dir_gid = 0;
 };
@@ -150,6 +154,8 @@ LeaseStatus ResolveSegmentFile(const std::string& dir, const std::string& name,
                                bool shared_group, SegmentFile* out);
 // True if path still names the file whose fstat is st (not renamed, removed or replaced).
 bool NameRefersTo(const std::string& path, const struct stat& st);
+// The same for the name base in the directory open at dir_fd.
+bool NameRefersTo(int dir_fd, const std::string& base, const struct stat& st);
 // Opens the segment file, creating it if missing and replacing it if it is stale or of another
 // layout while nobody uses it; on success *fd_out holds the presence lock and *shared_out the
 // mapping. What it replaced goes to warnings.
@@ -202,11 +208,14 @@ class LeaseSegment {
   ~LeaseSegment();
 
  private:
-  LeaseSegment(std::string name, std::string path, std::string job, int fd, SharedLease* shared);
+  LeaseSegment(std::string name, const SegmentFile& file, std::string job, int fd,
+               SharedLease* shared);
   LeaseStatus ClaimSlotLocked();
 
   const std::string name_;
   const std::string path_;
+  const std::shared_ptr<const TrustedDir> dir_;  // removal goes through it (RemoveIfLast)
+  const std::string base_;
   SharedLease* const shared_;
   struct stat held_ = {};  // the mapped file's fstat (its inode never changes): CheckNamed
   std::atomic<uint64_t> my_nonce_{0};    // read lock-free by liveness checks

@@ -54,20 +54,12 @@ std::string SegmentName(const std::string& group, const std::string& device_key)
 LeaseStatus ResolveSegmentFile(const std::string& dir_in, const std::string& name,
                                bool shared_group, SegmentFile* out) {
   const std::string dir = dir_in.empty() ? kDefaultLeaseDir : dir_in;
-  char real[PATH_MAX];
-  struct stat st;
-  if (realpath(dir.c_str(), real) == nullptr || stat(real, &st) != 0) {
-    return LeaseStatus::Error(
-        LeaseCode::kInvalidArgument,
-        Errno("crossover lease directory " + dir + " cannot be used") +
-            " (it must exist and be the same directory for every job of the group on this host)");
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return LeaseStatus::Error(LeaseCode::kInvalidArgument,
-                              "crossover lease directory " + dir + " is not a directory");
-  }
+  std::shared_ptr<const TrustedDir> opened;
+  const LeaseStatus trusted =
+      OpenTrustedDir(dir, shared_group ? DirUse::kGroup : DirUse::kPrivate, &opened);
+  if (!trusted.ok()) return trusted;
   struct statfs fs;
-  if (statfs(real, &fs) != 0) return Internal("statfs " + dir);
+  if (fstatfs(opened->fd(), &fs) != 0) return Internal("statfs " + dir);
   if (LocalFileSystem(fs.f_type) == nullptr) {
     return LeaseStatus::Error(
         LeaseCode::kInvalidArgument,
@@ -79,13 +71,11 @@ LeaseStatus ResolveSegmentFile(const std::string& dir_in, const std::string& nam
             "on a local file system of this host that every job of the group on it sees (a "
             "tmpfs such as /dev/shm, or a local disk)");
   }
-  const LeaseStatus trusted =
-      CheckDirTrust(real, shared_group ? DirUse::kGroup : DirUse::kPrivate);
-  if (!trusted.ok()) return trusted;
-  out->dir = real;
-  out->path = (out->dir == "/" ? "" : out->dir) + name;
+  out->base = name.substr(name.find_first_not_of('/'));
+  out->path = (opened->path() == "/" ? "" : opened->path()) + "/" + out->base;
   out->shared_group = shared_group;
-  out->dir_gid = st.st_gid;
+  out->dir_gid = opened->st().st_gid;
+  out->dir = std::move(opened);
   return LeaseStatus::Ok();
 }
 
@@ -98,17 +88,18 @@ int OpenOrCreate(const SegmentFile& file) {
   // O_NONBLOCK: a file held under another process's write lease (F_SETLEASE) fails the open
   // at once instead of blocking it for the lease-break time.
   constexpr int kFlags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
-  if (!file.shared_group) return open(file.path.c_str(), kFlags | O_CREAT, 0600);
+  const int dir = file.dir->fd();
+  if (!file.shared_group) return openat(dir, file.base.c_str(), kFlags | O_CREAT, 0600);
   for (int attempt = 0; attempt < 3; ++attempt) {
-    const int fd = open(file.path.c_str(), kFlags);
+    const int fd = openat(dir, file.base.c_str(), kFlags);
     if (fd >= 0 || errno != ENOENT) return fd;
-    const int unnamed = open(file.dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    const int unnamed = openat(dir, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (unnamed < 0) return -1;
     char proc[64];
     snprintf(proc, sizeof(proc), "/proc/self/fd/%d", unnamed);
     const bool made = fchown(unnamed, static_cast<uid_t>(-1), file.dir_gid) == 0 &&
                       fchmod(unnamed, 0660) == 0 &&
-                      linkat(AT_FDCWD, proc, AT_FDCWD, file.path.c_str(), AT_SYMLINK_FOLLOW) == 0;
+                      linkat(AT_FDCWD, proc, dir, file.base.c_str(), AT_SYMLINK_FOLLOW) == 0;
     const int saved = errno;
     close(unnamed);
     errno = saved;
@@ -123,12 +114,12 @@ LeaseStatus OpenError(const SegmentFile& file) {
   std::string msg = Errno("crossover lease: cannot open segment " + file.path);
   if (error != EACCES && error != EPERM) return LeaseStatus::Error(LeaseCode::kInternal, msg);
   struct stat st;
-  const bool exists = lstat(file.path.c_str(), &st) == 0;
+  const bool exists = fstatat(file.dir->fd(), file.base.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
   if (!exists && errno == ENOENT) {  // nothing there: the directory refused the creation
     return LeaseStatus::Error(
         LeaseCode::kPermissionDenied,
         "crossover lease: cannot create segment " + file.path + ": the lease directory " +
-            file.dir + " is not writable by this process (uid " + std::to_string(geteuid()) +
+            file.dir->path() + " is not writable by this process (uid " + std::to_string(geteuid()) +
             "). Make it writable by every job of the group on this host (docs/deploying.md: "
             "`install -d -m 1777 DIR` as root, `install -d -m 0700 DIR` as the jobs' user, or "
             "group mode in `install -d -m 3770 -g GROUP DIR`)");
@@ -136,7 +127,7 @@ LeaseStatus OpenError(const SegmentFile& file) {
   errno = error;
   if (file.shared_group) {
     msg += "; in group mode (shared_group) every job's user must be a member of the group of "
-           "the lease directory " + file.dir + " (gid " + std::to_string(file.dir_gid) +
+           "the lease directory " + file.dir->path() + " (gid " + std::to_string(file.dir_gid) +
            "), which must let that group in (e.g. mode 3770)";
   } else {
     msg += "; it belongs to another user" +
@@ -253,17 +244,17 @@ namespace {
 LeaseStatus AllocateFresh(int fd, const SegmentFile& file) {
   const int rc = posix_fallocate(fd, 0, sizeof(SharedLease));
   if (rc == 0) return LeaseStatus::Ok();
-  unlink(file.path.c_str());  // ours: fresh, under our flock, and the name refers to it
+  unlinkat(file.dir->fd(), file.base.c_str(), 0);  // ours: fresh, under our flock, named
   struct statvfs vfs;
   std::string free_text = "unknown";
-  if (statvfs(file.dir.c_str(), &vfs) == 0) {
+  if (fstatvfs(file.dir->fd(), &vfs) == 0) {
     free_text = std::to_string(static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize) +
                 " bytes free";
   }
   return LeaseStatus::Error(
       rc == ENOSPC || rc == EDQUOT ? LeaseCode::kResourceExhausted : LeaseCode::kInternal,
       "crossover lease: cannot allocate " + std::to_string(sizeof(SharedLease)) + " bytes for "
-          "segment " + file.path + ": " + strerror(rc) + " (lease directory " + file.dir +
+          "segment " + file.path + ": " + strerror(rc) + " (lease directory " + file.dir->path() +
           ": " + free_text + "). Free space there, or point CROSSOVER_LEASE_DIR at a "
           "directory with room (Docker's default /dev/shm is 64 MB: --shm-size)");
 }
@@ -275,6 +266,12 @@ bool NameRefersTo(const std::string& path, const struct stat& st) {
   struct stat named;
   return lstat(path.c_str(), &named) == 0 && named.st_ino == st.st_ino &&
          named.st_dev == st.st_dev;
+}
+
+bool NameRefersTo(int dir_fd, const std::string& base, const struct stat& st) {
+  struct stat named;
+  return fstatat(dir_fd, base.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+         named.st_ino == st.st_ino && named.st_dev == st.st_dev;
 }
 
 // Everything that decides what the segment is happens under flock() on its inode, so
@@ -302,7 +299,7 @@ LeaseStatus OpenSegment(const SegmentFile& file, int* fd_out, SharedLease** shar
     status = FlockBounded(fd, path, deadline);
     if (!status.ok()) return fail(status);
     if (fstat(fd, &st) != 0) return fail(Internal("fstat " + path));
-    if (!NameRefersTo(path, st)) {  // replaced by a repairer while we waited for the lock
+    if (!NameRefersTo(file.dir->fd(), file.base, st)) {  // replaced while we waited for it
       close(fd);
       continue;
     }
@@ -342,7 +339,7 @@ LeaseStatus OpenSegment(const SegmentFile& file, int* fd_out, SharedLease** shar
     warnings->push_back("replacing stale or incompatible segment " + path + " (" +
                         Describe(ReadLayout(fd, st.st_size)) + "; nobody uses it)");
     // A sticky directory (e.g. /dev/shm) keeps another user's file: say so rather than retry.
-    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    if (unlinkat(file.dir->fd(), file.base.c_str(), 0) != 0 && errno != ENOENT) {
       return fail(Internal("removing stale segment " + path));
     }
     close(fd);
@@ -384,23 +381,26 @@ LeaseStatus ReadSegment(const std::string& path, double bound_s,
                         const std::function<void(int fd, const SharedLease& s)>& read) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-  bool group_mode = false;
-  LeaseStatus status = CheckDirTrust(dir, DirUse::kObserve, &group_mode);
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  std::shared_ptr<const TrustedDir> opened;
+  LeaseStatus status = OpenTrustedDir(dir, DirUse::kObserve, &opened);
   if (!status.ok()) return status;
-  struct stat named, st, dir_st;
-  if (lstat(path.c_str(), &named) != 0) {
+  const bool group_mode = opened->group_mode();
+  const struct stat& dir_st = opened->st();
+  struct stat named, st;
+  if (fstatat(opened->fd(), base.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0) {
     return LeaseStatus::Error(errno == ENOENT ? LeaseCode::kInvalidArgument
                                               : LeaseCode::kPermissionDenied,
                               Errno("crossover lease: cannot inspect " + path));
   }
-  if (stat(dir.c_str(), &dir_st) != 0) return Internal("stat " + dir);
   // Before opening: a FIFO or device planted under a lease name is never opened, and a file
   // that fails the trust rule is refused without touching it.
   status = CheckSegmentTrust(path, named, dir_st.st_gid, group_mode, /*observer=*/true);
   if (!status.ok()) return status;
   // Read-only (an observer needs no write access and changes nothing), non-blocking (a file
   // held under a write lease fails at once instead of blocking for the lease-break time).
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  const int fd = openat(opened->fd(), base.c_str(),
+                        O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     const bool leased = errno == EWOULDBLOCK;
     return LeaseStatus::Error(
