@@ -15,6 +15,8 @@
 //   lease_segment.{h,cc}   the segment: its layout, its mutex, and this process's membership
 //                          (one per segment, shared by both users)
 //   lease_segment_file.cc  opening, creating, checking and replacing the segment file
+//   lease_dir.{h,cc}       the lease directory's trust rule and its link-safe walk
+//   segment_fault.{h,cc}   naming a truncated segment when its mapping faults (SIGBUS)
 //   lease_liveness.{h,cc}  slots, their open-file-description locks, identities, job labels
 //   waiter_queue.{h,cc}    the FIFO of threads waiting for the device
 //   lease_registry.{h,cc}  the process-wide registry of open segments, and fork() handling

@@ -1,6 +1,7 @@
 // This process on a lease segment (its identity, claimed on first use and after fork) and the
 // segment's internal mutex (see lease_segment.h). Opening the file is lease_segment_file.cc's.
 #include "core/lease_segment.h"
+#include "core/segment_fault.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -63,6 +64,7 @@ LeaseSegment::LeaseSegment(std::string name, const SegmentFile& file, std::strin
 }
 
 LeaseSegment::~LeaseSegment() {
+  UnwatchSegmentMapping(shared_);
   munmap(shared_, sizeof(SharedLease));
   if (lock_fd_ >= 0) close(lock_fd_);  // drops our slot lock: we are gone
 }
@@ -218,14 +220,52 @@ void LeaseSegment::CountRecoveries(int repaired) {
 
 // ----- the internal mutex -----------------------------------------------------------------
 
+namespace {
+
+// The process whose thread tid is, as this process's PID namespace sees it: 0 if none is.
+pid_t ProcessOfThread(pid_t tid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/status", static_cast<int>(tid));
+  FILE* status = fopen(path, "re");
+  if (status == nullptr) return 0;
+  char line[256];
+  pid_t tgid = 0;
+  while (fgets(line, sizeof(line), status) != nullptr) {
+    if (sscanf(line, "Tgid: %d", &tgid) == 1) break;
+  }
+  fclose(status);
+  return tgid;
+}
+
+}  // namespace
+
+std::string MutexHolderText(const SharedLease& s) {
+  // glibc keeps the holder's thread id in the robust mutex (the kernel's robust-futex word: it
+  // is what marks the holder dead). locker_pid is only what a member recorded after taking it:
+  // a process that took the mutex some other way (a group member's own code) leaves it stale.
+  const pid_t tid = s.mu.__data.__owner & FUTEX_TID_MASK;
+  const pid_t recorded = s.locker_pid.load();
+  if (tid == 0) return "no thread now (it was let go as the wait ended)";
+  const pid_t process = ProcessOfThread(tid);
+  if (process != 0 && process == recorded) return "pid " + std::to_string(process);
+  if (process != 0) {
+    return "pid " + std::to_string(process) + " (its thread " + std::to_string(tid) +
+           "), which took it without recording itself (the last recorded taker was pid " +
+           std::to_string(recorded) + ")";
+  }
+  return "a thread this process cannot see (thread id " + std::to_string(tid) + " in its own "
+         "PID namespace; the last recorded taker was pid " + std::to_string(recorded) +
+         "), so which process holds it cannot be told from here";
+}
+
 LeaseStatus SegmentLock::Lock(int64_t deadline_mono) {
   const timespec abs = ToTimespec(std::max(deadline_mono, MonoNs() + kLockGraceNs));
   const int rc = pthread_mutex_clocklock(&s_->mu, CLOCK_MONOTONIC, &abs);
   if (rc == ETIMEDOUT) {
     return LeaseStatus::Error(
         LeaseCode::kDeadlineExceeded,
-        "crossover lease " + segment_->name() + ": its internal lock is held by pid " +
-            std::to_string(s_->locker_pid.load()) +
+        "crossover lease " + segment_->name() + ": its internal lock is held by " +
+            MutexHolderText(*s_) +
             ", which has not let go (a stopped process, e.g. Ctrl-Z, or a wedged one?); "
             "resume or kill it");
   }

@@ -25,7 +25,9 @@
 //    still refers to it (CheckNamed): a segment renamed or replaced while in use is an error
 //    for every member, not a silent second lease.
 //  * Space before use: a fresh segment's blocks are allocated before it is mapped, so a full
-//    directory is a clear error that leaves no file behind, never a SIGBUS.
+//    directory is a clear error that leaves no file behind, never a SIGBUS. A segment that a
+//    process able to write it truncates later still kills its members with SIGBUS, but each
+//    first names the segment and what happened (segment_fault.h).
 //  * The last member out removes the segment (RemoveIfLast, at exit), under the flock that
 //    guards creation, so no segment outlives its group.
 //  * Membership: every process that opens the segment is a member, under its job's label kept
@@ -130,6 +132,10 @@ class ObservedChange {
  private:
   SharedLease* const s_;
 };
+
+// Who holds the segment's internal mutex, for a stuck lock's message: the process that holds
+// it by the mutex itself (not by locker_pid alone), or that it cannot be told from here.
+std::string MutexHolderText(const SharedLease& s);
 
 // Wakes every thread waiting on the segment's futex word (bumping it first).
 void WakeAll(SharedLease* s);

@@ -16,6 +16,7 @@
 
 #include "core/lease_dir.h"
 #include "core/lease_segment.h"
+#include "core/segment_fault.h"
 
 namespace crossover {
 namespace {
@@ -326,6 +327,7 @@ LeaseStatus OpenSegment(const SegmentFile& file, int* fd_out, SharedLease** shar
           return fail(Internal("locking the presence byte of " + path));
         }
         flock(fd, LOCK_UN);
+        WatchSegmentMapping(s, sizeof(SharedLease), path);  // a truncation names the file
         *fd_out = fd;
         *shared_out = s;
         return LeaseStatus::Ok();

@@ -15,6 +15,9 @@
 //   lease_cli fork-child GROUP                 a forked child must not own its parent's hold
 //   lease_cli priority GROUP SECONDS MICRO_US  a primary's steps alone, then beside a secondary
 //                                              that computes in micro-batches of MICRO_US
+//   lease_cli grab-lock GROUP KEY READY        maps an existing segment and takes its internal
+//                                              mutex its own way (as a group member's code could,
+//                                              not recording itself), writes READY, sleeps
 //
 // build/lease_cli_other_layout is the same CLI built with another segment layout (ops/Makefile),
 // to run jobs of two builds against one segment.
@@ -48,6 +51,7 @@
 #include <vector>
 
 #include "core/device_lease.h"
+#include "core/lease_segment.h"
 
 namespace {
 
@@ -202,6 +206,27 @@ int AcquireOnce(char** argv) {
   } else {
     out << "error " << status.message << "\n";
   }
+  return 0;
+}
+
+// A process that maps an existing segment itself and takes its mutex without the core (so
+// without recording itself), as any member of a group-mode lease can: the next member's wait
+// must name this process, not the last one that recorded itself.
+int GrabLock(char** argv) {
+  std::string path;
+  LeaseStatus status = DeviceLease::SegmentPath(Env("CROSSOVER_LEASE_DIR"), argv[2], argv[3],
+                                                &path);
+  if (!status.ok()) Die(status.message);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) Die("open " + path + ": " + strerror(errno));
+  void* p = mmap(nullptr, sizeof(crossover::SharedLease), PROT_READ | PROT_WRITE, MAP_SHARED,
+                 fd, 0);
+  if (p == MAP_FAILED) Die("mmap " + path + ": " + strerror(errno));
+  auto* shared = static_cast<crossover::SharedLease*>(p);
+  const int rc = pthread_mutex_lock(&shared->mu);
+  if (rc != 0 && rc != EOWNERDEAD) Die(std::string("pthread_mutex_lock: ") + strerror(rc));
+  std::ofstream(argv[4]) << getpid();
+  sleep(120);
   return 0;
 }
 
@@ -497,6 +522,7 @@ int main(int argc, char** argv) {
   if (mode == "thread-timeout" && argc == 3) return ThreadTimeout(argv);
   if (mode == "fork-child" && argc == 3) return ForkChild(argv);
   if (mode == "priority" && argc == 5) return Priority(argv);
+  if (mode == "grab-lock" && argc == 5) return GrabLock(argv);
   fprintf(stderr, "usage: see the comment at the top of ops/testing/lease_cli.cc\n");
   return 2;
 }
