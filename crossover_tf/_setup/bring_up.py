@@ -78,8 +78,10 @@ def _join_group(lease: lease_lib.DeviceLease, options: LeaseOptions,
         ranks = ", ".join(str(r) for r, _ in failed)
         message = (f"crossover_tf: rank(s) {ranks} of this job could not join the group's "
                    f"lease. Rank {rank}: {kind}: {first}")
-        incomplete = all(p[0] == lease_lib.GroupIncomplete.__name__ for _, p in failed)
-        raise (lease_lib.GroupIncomplete if incomplete else RuntimeError)(message) from error
+        kinds = {p[0] for _, p in failed}
+        group_errors = {k.__name__: k for k in (lease_lib.GroupIncomplete, lease_lib.GroupOverfull)}
+        kind = group_errors.get(kinds.pop(), RuntimeError) if len(kinds) == 1 else RuntimeError
+        raise kind(message) from error
     logging.info("crossover_tf: rank %d joined %s with %s", comm.rank, lease, members)
     return members
 

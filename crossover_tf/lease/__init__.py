@@ -16,7 +16,7 @@ _MODULES = {
                                         "TAG_APPLY", "TAG_COMPUTE", "TAG_OTHER", "DeviceLease",
                                         "LeaseStats", "validate_priority", "validate_reserve",
                                         "validate_timeout"],
-    "crossover_tf.lease.group_join": ["GroupIncomplete"],
+    "crossover_tf.lease.group_join": ["GroupIncomplete", "GroupOverfull"],
     "crossover_tf.lease.leaving": ["leave"],
     "crossover_tf.lease.link_turn": ["LinkTurn", "LinkTurnStats", "validate_link_turn",
                                      "validate_link_turn_priority"],
@@ -30,6 +30,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 # belong to their modules, where they may change. (Renamed in issue 36, with no alias:
 # TurnStats -> LinkTurnStats, validate_turn* -> validate_link_turn*, DeviceLease.release ->
 # DeviceLease.yield_device: "yield" is the mid-step hand-back, "leave" is for good.)
-__all__ = ["DeviceLease", "GroupIncomplete", "LeaseDirError", "LeaseSnapshot", "LeaseStats",
-           "LinkTurn", "LinkTurnStats", "Member", "TAG_APPLY", "TAG_COMPUTE", "TAG_OTHER",
-           "Waiter", "resolve_lease_dir"]
+__all__ = ["DeviceLease", "GroupIncomplete", "GroupOverfull", "LeaseDirError", "LeaseSnapshot",
+           "LeaseStats", "LinkTurn", "LinkTurnStats", "Member", "TAG_APPLY", "TAG_COMPUTE",
+           "TAG_OTHER", "Waiter", "resolve_lease_dir"]

@@ -22,6 +22,12 @@ class GroupIncomplete(RuntimeError):
     """Fewer distinct jobs than the group declares came onto the lease within the timeout."""
 
 
+class GroupOverfull(RuntimeError):
+    """More distinct jobs than the group declares stayed on the lease for the whole timeout:
+    a job of another pair under the same group name, or one started twice. Carrying on would
+    share the device among more jobs than the link turns and the plan count."""
+
+
 def validate_jobs(jobs: int) -> int:
     """Checks a group's job count (at most as many as one lease has members)."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_GROUP_JOBS:
@@ -62,10 +68,24 @@ def group_incomplete_message(path: pathlib.Path, seen: Sequence[Member], expecte
         "declares jobs=1.")
 
 
+def group_overfull_message(path: pathlib.Path, seen: Sequence[Member], expected: int,
+                           timeout_s: float) -> str:
+    """What GroupOverfull says: the lease file, every job on it, and what to change."""
+    labels = sorted({m.job for m in seen})
+    who = ", ".join(f"job {m.job!r} (pid {m.pid})" for m in sorted(seen, key=lambda m: m.job))
+    return (
+        f"crossover lease: the group declares {expected} job(s) (LeaseOptions.jobs), but "
+        f"{len(labels)} stayed on lease file {path} for {timeout_s:g} s: {who}. More jobs "
+        "than declared would share the device without the link turns or the plan counting "
+        "them. Another pair uses this group name, or a job was started twice: give each pair "
+        "its own group name, stop the extra job, or declare the group's real job count.")
+
+
 def wait_for_jobs(read_members: Callable[[], Sequence[Member]], path: pathlib.Path, jobs: int,
                   timeout_s: float, poll_s: float = POLL_S) -> list[Member]:
-    """Polls read_members (every poll_s, until timeout_s) until at least `jobs` distinct job
-    labels are live; returns the members, or raises GroupIncomplete."""
+    """Polls read_members (every poll_s, until timeout_s) until exactly `jobs` distinct job
+    labels are live; returns the members. Raises GroupIncomplete if fewer came, GroupOverfull if
+    more stayed the whole time (a job of a previous run still exiting leaves within it)."""
     validate_jobs(jobs)
     validate_join_timeout(timeout_s)
     if not poll_s > 0:
@@ -74,10 +94,12 @@ def wait_for_jobs(read_members: Callable[[], Sequence[Member]], path: pathlib.Pa
     members: list[Member] = []
     for _ in range(int(timeout_s / poll_s) + 2):  # the deadline ends it first
         members = list(read_members())
-        if len({m.job for m in members}) >= jobs:
+        if len({m.job for m in members}) == jobs:
             return members
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         time.sleep(min(poll_s, remaining))
+    if len({m.job for m in members}) > jobs:
+        raise GroupOverfull(group_overfull_message(path, members, jobs, timeout_s))
     raise GroupIncomplete(group_incomplete_message(path, members, jobs, timeout_s))

@@ -60,6 +60,24 @@ def test_wait_for_jobs_counts_distinct_labels_and_is_bounded():
     assert issubclass(group_join.GroupIncomplete, RuntimeError)
 
 
+def test_more_jobs_than_declared_is_refused_unless_the_extra_one_leaves():
+    """Before: the check asked for at least `jobs`, so a third job under a pair's group name
+    carried on silently. Now more jobs than declared for the whole join timeout is
+    GroupOverfull, naming them; a job of a previous run that leaves within it is waited out."""
+    path = pathlib.Path("/dev/shm/crossover.g.dev")
+    three = [Member("a", 1, 0, False), Member("b", 2, 0, False), Member("c", 3, 0, False)]
+    start = time.monotonic()
+    with pytest.raises(group_join.GroupOverfull) as raised:
+        group_join.wait_for_jobs(lambda: three, path, 2, timeout_s=0.3)
+    assert 0.3 <= time.monotonic() - start < 2.0
+    for part in ("declares 2 job(s)", f"but 3 stayed on lease file {path} for 0.3 s",
+                 "job 'c' (pid 3)", "its own group name", "stop the extra job"):
+        assert part in str(raised.value), (part, str(raised.value))
+    leaving = iter([three] * 3 + [three[:2]])
+    assert len(group_join.wait_for_jobs(lambda: next(leaving), path, 2, 5, poll_s=0.01)) == 2
+    assert issubclass(group_join.GroupOverfull, RuntimeError)
+
+
 def test_job_labels_follow_the_core_rule():
     assert validate_job(None) == "" and validate_job("") == ""
     assert validate_job("host-1.example:123@a_b") == "host-1.example:123@a_b"
@@ -133,7 +151,7 @@ def test_names_planted_to_sort_first_cannot_hide_a_real_lease(tmp_path):
 
 # ----- the op library in one process ----------------------------------------------------------
 
-def test_lease_in_a_directory_registers_and_lists_members(tmp_path, lease_group):
+def test_lease_in_a_directory_registers_and_lists_members(tmp_path, lease_group, lease_cli):
     from crossover_tf import lease as lease_lib
     lease = lease_lib.DeviceLease(lease_group, "cpu0", lease_dir=tmp_path, job="solo")
     assert lease.path == tmp_path.resolve() / f"crossover.{lease_group}.cpu0"
@@ -150,6 +168,19 @@ def test_lease_in_a_directory_registers_and_lists_members(tmp_path, lease_group)
     assert [m.job for m in lease.wait_for_jobs(1, 1.0)] == ["solo"]
     with pytest.raises(lease_lib.GroupIncomplete, match=str(lease.path)):
         lease.wait_for_jobs(2, 0.2)
+    others = [subprocess.Popen([str(lease_cli), "hold", lease_group, "cpu0",
+                                str(tmp_path / f"ready{job}")],
+                               env={**os.environ, segments.LEASE_DIR_ENV: str(tmp_path),
+                                    "CROSSOVER_LEASE_JOB": job}) for job in ("B", "C")]
+    try:  # two more jobs on a lease declared for two: refused, naming them
+        wait_for(lambda: {m.job for m in lease.members()} == {"solo", "B", "C"}, 30,
+                 "jobs B and C")
+        with pytest.raises(lease_lib.GroupOverfull, match="job 'C'"):
+            lease.wait_for_jobs(2, 0.2)
+    finally:
+        for proc in others:
+            proc.kill()
+            proc.wait()
     other = lease_lib.DeviceLease(lease_group, "cpu0", lease_dir=tmp_path, job="other")
     with pytest.raises(Exception, match="as job 'solo'"):  # one process is one job
         other.register()
