@@ -59,3 +59,13 @@ class MetricAverage(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
             logs.update(self.protocol.average_logs(logs))
+
+
+def for_fit(protocol: StepProtocol, micro_batches: int = 1,
+            average_metrics: bool = True) -> list[keras.callbacks.Callback]:
+    """The callbacks that make fit a crossover job of this rank (strategy.callbacks(), and
+    fit on a model made under strategy.scope() with none given)."""
+    result: list[keras.callbacks.Callback] = [CrossoverTrainStepCallback(protocol, micro_batches)]
+    if average_metrics:  # a job of one rank averages nothing (StepProtocol.average_logs)
+        result.append(MetricAverage(protocol))
+    return result

@@ -21,6 +21,7 @@ from absl import logging
 from crossover_tf import callbacks, options
 from crossover_tf._hold import custom_loop
 from crossover_tf._keras import install as keras_install
+from crossover_tf._keras import ownership
 from crossover_tf._keras.fit_guard import guard_fit
 from crossover_tf import lease as lease_lib
 from crossover_tf._communication import communicator_for
@@ -78,8 +79,8 @@ class CrossoverStrategy:
         options.check_combination(group, lease, link_turn)
         self._protocol = bring_up(group, lease, link_turn, device, communication,
                                   communicator_for(communication))
-        if self._protocol.is_crossover:
-            guard_fit()  # a fit that fails between steps must still leave
+        ownership.register(self._protocol)
+        guard_fit()  # fit on a model made in scope() crosses; a fit that fails still leaves
         logging.info("crossover_tf: rank %d/%d %s", self.rank, self.size, self._protocol)
 
     # ----- tf.distribute-style surface -------------------------------------------------------
@@ -147,8 +148,10 @@ class CrossoverStrategy:
 
     @contextlib.contextmanager
     def scope(self) -> Iterator["CrossoverStrategy"]:
-        """Places variables and ops created inside on this replica's device."""
-        with tf.device(self._protocol.device):
+        """Places variables and ops created inside on this replica's device, and makes the
+        models made inside this job's: their fit, evaluate and predict cross and synchronise
+        with no callback, as under MultiWorkerMirroredStrategy (_keras.ownership)."""
+        with tf.device(self._protocol.device), ownership.owned_by(self._protocol):
             yield self
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
@@ -207,11 +210,7 @@ class CrossoverStrategy:
         layers such as BatchNorm): a secondary's micro-batch bounds how long a primary waits.
         """
         options.validate_micro_batches(micro_batches)
-        result: list[keras.callbacks.Callback] = [
-            callbacks.CrossoverTrainStepCallback(self._protocol, micro_batches)]
-        if average_metrics:  # a job of one rank averages nothing (StepProtocol.average_logs)
-            result.append(callbacks.MetricAverage(self._protocol))
-        return result
+        return callbacks.for_fit(self._protocol, micro_batches, average_metrics)
 
     def prepare(self, model: keras.Model, *, micro_batches: int = 1) -> None:
         """Makes a compiled model's fit, evaluate and predict run crossover steps.

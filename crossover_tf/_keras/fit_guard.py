@@ -1,37 +1,82 @@
-"""A fit that ends any way at all ends out of the link turn and without the device.
+"""fit, evaluate and predict as a tf.distribute user expects them: a model made under
+strategy.scope() crosses and synchronises with no callback, a model made outside is refused
+where it would train apart, and a fit that ends any way at all ends out of the link turn and
+without the device.
 
-Why: Keras 3's fit has no `finally`, so an error raised by a callback, or a Ctrl-C between
-steps, skips both on_train_end and the step function's guard (step_errors), and the peer job
-would wait for our link turn (up to LinkTurnOptions.wait_s) on every allreduce for as long as this
-process lives, as a notebook's kernel does. Why the class: our hooks are installed from inside
+Why the class: Keras 3's fit has no `finally`, so an error raised by a callback, or a Ctrl-C
+between steps, skips both on_train_end and the step function's guard (step_errors), and the
+peer job would wait for our link turn (up to LinkTurnOptions.wait_s) on every allreduce for as
+long as this process lives, as a notebook's kernel does. Our hooks are installed from inside
 fit (Keras calls set_model while fit builds its callbacks), too late to wrap the call already
-running; the class's fit is wrapped before the first one starts.
+running; the class's methods are wrapped before the first one starts. Which model belongs to
+which rank's protocol: _keras.ownership.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any
+import inspect
+from typing import Any, Callable
 
 import keras
 
-from crossover_tf._keras.install import installed_protocol
+from crossover_tf import callbacks as crossover_callbacks
+from crossover_tf._keras import ownership
+from crossover_tf._keras.install import install, installed_protocol
+
+_GUARDED = "_crossover_guarded"
 
 
 def guard_fit(model_class: type = keras.Model) -> None:
-    """Makes model_class.fit (once per process) leave for good when it returns or raises, for
-    models with crossover hooks installed; others are untouched."""
-    fit = model_class.fit
-    if getattr(fit, "_crossover_guarded", False):
+    """Wraps model_class.fit, evaluate and predict (once per process); models without an
+    owner in a process with no distributed job are untouched."""
+    if getattr(model_class.fit, _GUARDED, False):
         return
+    model_class.fit = _guarded(model_class.fit, _fit)
+    for name in ("evaluate", "predict"):
+        setattr(model_class, name, _guarded(getattr(model_class, name), _inference(name)))
 
-    @functools.wraps(fit)
-    def fit_then_leave(model: keras.Model, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fit(model, *args, **kwargs)
-        finally:
-            protocol = installed_protocol(model)
-            if protocol is not None:
-                protocol.leave()
 
-    fit_then_leave._crossover_guarded = True
-    model_class.fit = fit_then_leave
+def _guarded(method: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(model: keras.Model, *args: Any, **kwargs: Any) -> Any:
+        return run(method, model, *args, **kwargs)
+
+    setattr(wrapper, _GUARDED, True)
+    return wrapper
+
+
+def _fit(fit: Callable[..., Any], model: keras.Model, *args: Any, **kwargs: Any) -> Any:
+    """fit with the owner's crossover callbacks added when none were given, then left for
+    good however it ends."""
+    bound = inspect.signature(fit).bind(model, *args, **kwargs)
+    given = list(bound.arguments.get("callbacks") or [])
+    if not any(isinstance(c, crossover_callbacks.CrossoverTrainStepCallback) for c in given):
+        owner = ownership.owner_of(model)
+        if owner is not None:
+            bound.arguments["callbacks"] = [*given, *crossover_callbacks.for_fit(owner)]
+        elif installed_protocol(model) is None and ownership.needing_ownership() is not None:
+            raise ValueError(ownership.outside_scope_message("fit"))
+    try:
+        return fit(*bound.args, **bound.kwargs)
+    finally:
+        protocol = installed_protocol(model)
+        if protocol is not None:
+            protocol.leave()
+
+
+def _inference(kind: str) -> Callable[..., Any]:
+    def run(method: Callable[..., Any], model: keras.Model, *args: Any, **kwargs: Any) -> Any:
+        """evaluate/predict with the owner's steps (the lease, averaged metrics) installed as
+        strategy.prepare would."""
+        if installed_protocol(model) is None:
+            owner = ownership.owner_of(model)
+            crossing = owner if owner is not None else ownership.needing_ownership()
+            if owner is not None and model.optimizer is not None:
+                install(model, owner)
+            elif crossing is not None and crossing.is_crossover:
+                raise ValueError(ownership.outside_scope_message(kind) if owner is None else
+                                 f"crossover_tf: compile the model before its {kind} in a "
+                                 "crossover job: its steps take the device lease, which "
+                                 "crossover_tf installs on a compiled model")
+        return method(model, *args, **kwargs)
+    return run

@@ -95,6 +95,56 @@ def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group,
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+def test_fit_on_a_model_made_in_scope_crosses_without_callbacks(tmp_path, lease_group,
+                                                                child_env):
+    """Issue 49: a MultiWorkerMirroredStrategy port swaps only the strategy line, so its fit
+    passes no strategy.callbacks(). Before, every rank then trained alone (different weights
+    per rank, no lease taken). Now a model made under scope() crosses and synchronises by
+    itself: a crossed pair without callbacks ends with the weights of a plain job with them,
+    identical on both ranks, every step under the lease."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    backend = "tensorflow"
+    crossed = ["--steps", str(STEPS), "--barrier", f"{barrier}:4", "--jobs", "2", "--backend",
+               backend, "--no_callbacks", "--fit_only"]
+    for result in run_alongside(
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                           "--group", lease_group, *crossed),
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
+                           "--group", lease_group, *crossed), child_env, timeout=240):
+        _check(result)
+    _check(run_bounded(launch_command(
+        backend, 2, sys.executable, WORKER, str(tmp_path / "solo_RANK.json"), "--steps",
+        str(STEPS), "--backend", backend, "--fit_only"), child_env, 240))
+    solo = _load(tmp_path, "solo", 2)
+    for job in ("a", "b"):
+        ranks = _load(tmp_path, job, 2)
+        for rank, plain in zip(ranks, solo):
+            assert rank["lease_stats"]["acquires"] == 2 * STEPS, rank["lease_stats"]
+            for w_crossed, w_rank0, w_plain in zip(rank["weights"], ranks[0]["weights"],
+                                                   plain["weights"]):
+                np.testing.assert_array_equal(w_crossed, w_rank0)
+                np.testing.assert_allclose(w_crossed, w_plain, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_fit_on_a_model_made_outside_scope_is_refused(tmp_path, child_env):
+    """A model made outside every scope would train each rank alone: every rank's fit is
+    refused at once, naming both fixes, instead of training apart."""
+    result = run_bounded(launch_command(
+        "tensorflow", 2, sys.executable, WORKER, str(tmp_path / "out_RANK.json"), "--steps",
+        "4", "--backend", "tensorflow", "--no_callbacks", "--outside_scope", "--fit_only"),
+        child_env, 240)
+    assert result.returncode != 0, result.stdout[-3000:]
+    for part in ("this model was not made under strategy.scope()", "would run on this rank "
+                 "alone", "with strategy.scope():", "callbacks=strategy.callbacks()"):
+        assert part in result.stdout, (part, result.stdout[-3000:])
+    assert not list(tmp_path.glob("out_*.json"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_xla_compiles_compute_and_apply_but_not_collectives(tmp_path, lease_group, child_env):
     """XLA's own dump lists what it compiled: the compute and apply functions, never the outer
     step that holds Horovod's allreduce and the lease ops. Also the no-peer path."""

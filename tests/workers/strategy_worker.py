@@ -5,6 +5,7 @@ losses as Keras logged them on this rank, final weights, lease stats and timelin
 
   strategy_worker.py OUT --group G [--steps N] [--epochs E] [--reference] [--save DIR]
                      [--bad_xla] [--group_per_rank] [--link_turn P] [--job J] [--linger PATH]
+                     [--no_callbacks] [--outside_scope]
 """
 from __future__ import annotations
 
@@ -80,6 +81,10 @@ def main() -> None:
     parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend")
     parser.add_argument("--linger", default="", help="after writing OUT, stay on the lease "
                         "(holding nothing) until this file exists, for at most 120 s")
+    parser.add_argument("--no_callbacks", action="store_true", help="fit without "
+                        "strategy.callbacks(), as a MultiWorkerMirroredStrategy port does")
+    parser.add_argument("--outside_scope", action="store_true", help="build the model outside "
+                        "strategy.scope()")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(7)
@@ -106,8 +111,11 @@ def main() -> None:
                                                             collective_timeout_s=120))
         rank = strategy.rank
         keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
-        with strategy.scope():
+        if args.outside_scope:
             model = build_model(args.bad_xla)
+        else:
+            with strategy.scope():
+                model = build_model(args.bad_xla)
         # Line the jobs up after their first step: it traces and XLA-compiles (seconds, and
         # unequal between jobs), and a tiny job could otherwise finish before its peer starts.
         line_up = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: (
@@ -115,7 +123,8 @@ def main() -> None:
             if args.barrier and batch == 0 and not record.losses[1:] else None))
         model.fit(strategy.distribute_dataset(global_dataset(args.steps // args.epochs)),
                   epochs=args.epochs, verbose=0,
-                  callbacks=[*strategy.callbacks(), record, line_up])
+                  callbacks=[*([] if args.no_callbacks else strategy.callbacks()), record,
+                             line_up])
         result["lease_stats"] = strategy.lease_stats()
         if strategy.taking_link_turns:
             result["link_turn_stats"] = strategy.link_turn_stats()
