@@ -44,7 +44,7 @@ TF_REQ=$(pin "$TF_NAME")
 HVD_REQ=$(pin horovod)
 log "dependencies: $TF_REQ, $HVD_REQ"
 # Everything except Horovod first: Horovod's build needs TensorFlow importable.
-"${PIP[@]}" install "$TF_REQ" $(pin keras tensorflow-datasets absl-py tensorboard matplotlib networkx prometheus-client pytest ruff) wheel setuptools
+"${PIP[@]}" install "$TF_REQ" $(pin keras tensorflow-datasets absl-py tensorboard matplotlib networkx prometheus-client pyyaml bcrypt pytest ruff) wheel setuptools
 
 HVD_VERSION=${HVD_REQ#horovod==}
 TF_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("'"$TF_NAME"'"))')

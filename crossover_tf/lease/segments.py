@@ -22,6 +22,7 @@ import pathlib
 import pwd
 import re
 import stat as statmod
+import time
 from typing import Iterable
 
 DEFAULT_LEASE_DIR = pathlib.Path("/dev/shm")
@@ -206,9 +207,20 @@ class SegmentFile:
 class SegmentListing:
     """The segment names of a lease directory: the first MAX_SEGMENTS, those that may be real
     leases first (see scan_segments), and how many more there were (planted names must not
-    hide real leases silently)."""
+    hide real leases silently). The first `real` of `found` may be leases; `untrusted` counts
+    every name that cannot be one (it fails the trust rule by its lstat alone), listed or not,
+    so that planted names are counted apart from leases. complete is False when the listing
+    stopped at its deadline: names past that point were not seen."""
     found: list[SegmentFile]
     not_shown: int
+    real: int = 0
+    untrusted: int = 0
+    complete: bool = True
+
+    @property
+    def real_not_shown(self) -> int:
+        """Names that may be leases, past the first MAX_SEGMENTS."""
+        return self.not_shown - (self.untrusted - (len(self.found) - self.real))
 
 
 def _may_be_a_lease(st: os.stat_result, directory_gid: int) -> bool:
@@ -222,20 +234,25 @@ def _may_be_a_lease(st: os.stat_result, directory_gid: int) -> bool:
 
 
 def scan_segments(lease_dir: str | os.PathLike | None = None,
-                  group: str | None = None) -> SegmentListing:
+                  group: str | None = None, deadline: float | None = None) -> SegmentListing:
     """The lease segment names in the directory (of one group if given): those that may be
     real leases first, each part in name order, so names planted to sort first (empty or
     0666 files) cannot push a real lease past MAX_SEGMENTS. Names that are not
     <prefix>.<group>.<device_key> with valid parts, and entries that are not regular files (by
     the directory's own type, never following a link), are ignored. Opens and creates
-    nothing: each name costs one lstat."""
+    nothing: each name costs one lstat. With a deadline (time.monotonic()), the listing stops
+    there (complete False): a directory of millions of names cannot stall its reader."""
     directory = resolve_lease_dir(lease_dir)
     if group is not None:
         validate_name("group", group, GROUP_MAX_LEN)
     directory_gid = os.stat(directory).st_gid
-    names = []
+    names, complete = [], True
     with os.scandir(directory) as entries:
-        for entry in entries:
+        for index, entry in enumerate(entries):
+            if (deadline is not None and index % 256 == 0
+                    and time.monotonic() >= deadline):
+                complete = False
+                break
             parts = entry.name.split(".")
             if (len(parts) == 3 and parts[0] == SEGMENT_PREFIX and _NAME_RE.fullmatch(parts[1])
                     and _NAME_RE.fullmatch(parts[2]) and (group is None or parts[1] == group)
@@ -246,9 +263,12 @@ def scan_segments(lease_dir: str | os.PathLike | None = None,
                     continue
                 names.append((not maybe, entry.name, parts[1], parts[2]))
     names.sort()
-    return SegmentListing([SegmentFile(g, key, directory / name)
-                           for _, name, g, key in names[:MAX_SEGMENTS]],
-                          max(0, len(names) - MAX_SEGMENTS))
+    untrusted = sum(1 for cannot, *_ in names if cannot)
+    found = names[:MAX_SEGMENTS]
+    return SegmentListing([SegmentFile(g, key, directory / name) for _, name, g, key in found],
+                          max(0, len(names) - MAX_SEGMENTS),
+                          real=sum(1 for cannot, *_ in found if not cannot),
+                          untrusted=untrusted, complete=complete)
 
 
 def find_segments(lease_dir: str | os.PathLike | None = None,

@@ -4,7 +4,9 @@ The command keeps the lease package's name (recipes, images and alert texts use 
 is here, with the rest of the node's tooling.
 
 `status` prints who is on each lease once (status.py); `exporter` serves it to Prometheus
-(exporter.py). Each command imports only what it needs: the exporter never imports TensorFlow.
+(exporter.py), on loopback unless --web.config.file protects it with TLS and basic auth
+(web_config.py) or --insecure says to serve it unprotected. Each command imports only what it
+needs: the exporter never imports TensorFlow.
 """
 from __future__ import annotations
 
@@ -14,8 +16,12 @@ import sys
 from typing import Sequence
 
 from crossover_tf.lease.segments import LEASE_DIR_ENV
+from crossover_tf.node.web_config import WebConfig, is_loopback, load as load_web_config
 
 EXPORTER_PORT = 9469  # exporter.DEFAULT_PORT, without importing prometheus_client here
+# Loopback unless protected or told otherwise: the metrics name the jobs, pids and devices of
+# every lease on the node (docs/exporter.md, "Who may read the metrics").
+EXPORTER_ADDRESS = "127.0.0.1"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -30,9 +36,42 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--group", default=None, help="only this group's leases")
     export.add_argument("--port", type=int, default=EXPORTER_PORT,
                         help=f"port to serve /metrics on (default {EXPORTER_PORT})")
-    export.add_argument("--address", default="0.0.0.0",
-                        help="address to listen on (default 0.0.0.0: every interface)")
+    export.add_argument("--address", default=EXPORTER_ADDRESS,
+                        help=f"address to listen on (default {EXPORTER_ADDRESS}: this node "
+                             "only). Any other needs --web.config.file with TLS and basic auth "
+                             "(or client certificates), or --insecure")
+    export.add_argument("--web.config.file", dest="web_config_file", default=None,
+                        metavar="FILE",
+                        help="TLS and basic auth, in the Prometheus exporters' web "
+                             "configuration format (tls_server_config, basic_auth_users; "
+                             "docs/exporter.md)")
+    export.add_argument("--insecure", action="store_true",
+                        help="serve beyond loopback without TLS or authentication: anyone who "
+                             "reaches the address reads every lease's jobs, pids and devices")
     return top
+
+
+def check_exposure(address: str, web: WebConfig | None, insecure: bool) -> str | None:
+    """Refuses (ValueError) to serve the metrics unprotected beyond loopback; returns a warning
+    to print where --insecure allows it, else None."""
+    if (web is not None and web.protects) or is_loopback(address):
+        return None
+    shown = repr(address) if address in ("", "::") else address
+    exposed = (f"--address {shown} is reachable from other hosts, and the metrics name every "
+               "lease's jobs, pids, pid namespaces and devices")
+    if web is None:
+        missing = "without --web.config.file"
+    elif web.tls is None:
+        missing = (f"{web.path} has no tls_server_config: passwords and metrics would cross "
+                   "the network in the clear")
+    else:
+        missing = (f"{web.path} has neither basic_auth_users nor client_auth_type "
+                   "RequireAndVerifyClientCert: anyone who reaches it may read them")
+    if insecure:
+        return f"warning: {exposed}; --insecure serves them {missing}"
+    raise ValueError(f"{exposed}; refusing to serve them {missing}. Give --web.config.file "
+                     "with TLS and basic auth (docs/exporter.md, \"Who may read the "
+                     "metrics\"), or --insecure to serve them anyway")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,6 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "exporter":
             if not 0 < args.port < 65536:
                 raise ValueError(f"--port must be in 1-65535, got {args.port}")
+            # Checked before anything is served: never a refusal at scrape time.
+            web = load_web_config(args.web_config_file) if args.web_config_file else None
+            warning = check_exposure(args.address, web, args.insecure)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
             try:
                 from crossover_tf.node.exporter import serve  # no TensorFlow
             except ModuleNotFoundError as err:
@@ -52,11 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("error: the exporter needs prometheus_client: pip install "
                       "'crossover_tf[exporter]' (or prometheus-client==0.26.0)", file=sys.stderr)
                 return 2
-            serve(args.port, args.address, args.lease_dir, args.group)
+            serve(args.port, args.address, args.lease_dir, args.group, web)
             return 0
         from crossover_tf.node.status import status  # imports TensorFlow
         text, code = status(args.lease_dir, args.group)
-    except ValueError as err:  # LeaseDirError, a bad group name or port
+    except ValueError as err:  # LeaseDirError, a bad group name, port, address, web config
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # the port is taken, the observer library is missing

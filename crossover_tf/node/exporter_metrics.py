@@ -23,6 +23,15 @@ HOLDER_LABELS = LEASE_LABELS + ("crossover_job",)
 # Upper bounds (seconds) of the acquire-wait histogram's buckets: the C++ core's
 # kWaitBucketUpperNs (ops/core/lease_types.h), which counts them in the segment.
 WAIT_BUCKETS_S = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0)
+# The series bound (issue 48, item 5): whoever may write a segment can fill its 64 slots with
+# members kept live by their lock bytes, so a scrape serves member series (18 samples each)
+# for at most this many members per lease (the holder first, then by slot) and this many in
+# all (leases in listing order), and counts the rest (exporter_truncated_members). A lease's
+# own series (members, queue, totals, holder age: 5 samples) are served for every lease read,
+# at most MAX_SEGMENTS (1,000): one scrape is at most ~14,200 samples, whatever is planted.
+# 512 is a node of 8 devices with the segment's 64 members on each.
+MAX_MEMBERS_PER_LEASE = 16
+MAX_MEMBERS_PER_SCRAPE = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +75,24 @@ METRICS = (
     Metric(PREFIX + "recoveries_total", "counter", LEASE_LABELS,
            "Dead holders, waiters and link-turn entries the members repaired."),
     # The exporter itself.
-    Metric(PREFIX + "exporter_leases", "gauge", (), "Lease files read in the last scrape."),
+    Metric(PREFIX + "exporter_leases", "gauge", (),
+           "Lease files read in the last scrape (names that may be leases: untrusted names "
+           "are counted apart, in exporter_untrusted_files)."),
     Metric(PREFIX + "exporter_directory_readable", "gauge", (),
            "1 if the last scrape could list the lease directory (0: it vanished, was replaced "
            "by a non-local file system, or cannot be read; no lease is exported)."),
     Metric(PREFIX + "exporter_skipped_files", "gauge", (),
            "Lease files the last scrape skipped (failed the trust rule, unreadable, of another "
-           "layout, or past the scrape's time bound)."),
+           "layout, or past the scrape's time bound or its first 1,000 names); those that fail "
+           "the trust rule by name alone are also in exporter_untrusted_files."),
+    Metric(PREFIX + "exporter_untrusted_files", "gauge", (),
+           "Lease file names the last scrape never read because they fail the trust rule by "
+           "their lstat alone (empty, not a regular file, or open to others: planted, not "
+           "leases); counted apart from the leases read."),
+    Metric(PREFIX + "exporter_truncated_members", "gauge", (),
+           f"Live members the last scrape served no series for: past {MAX_MEMBERS_PER_LEASE} "
+           f"on one lease (the holder first) or {MAX_MEMBERS_PER_SCRAPE} in all. Their "
+           "lease's crossover_lease_members still counts them."),
     Metric(PREFIX + "exporter_scrape_seconds", "gauge", (),
            "How long the last scrape took to read the lease directory."),
 )

@@ -63,6 +63,7 @@ class Observation:
     handoffs: int
     recoveries: int
     wait_bucket_upper_s: tuple[float, ...]  # the buckets' upper bounds (the last: +Inf)
+    member_count: int  # live members in all: more than len(members) if capped (max_members)
 
     @property
     def holder(self) -> ObservedMember | None:
@@ -107,23 +108,35 @@ def _usage(raw: dict) -> Usage:
                  link_turn_wait_s=raw["link_turn_wait_ns"] / 1e9)
 
 
-def parse_observation(text: str) -> Observation:
-    """Decodes the observer library's JSON (ops/core/lease_observer.cc)."""
+def parse_observation(text: str, max_members: int | None = None) -> Observation:
+    """Decodes the observer library's JSON (ops/core/lease_observer.cc). With max_members, at
+    most that many members are kept (the holder always: the lease's holder is one of its
+    facts), the holder first, then the others in slot order; member_count keeps the whole
+    number. A segment's 64 slots can be forged by whoever may write it, and each member kept
+    costs its reader objects and, in the exporter, its series."""
     raw = json.loads(text)
+    members = raw["members"]
+    if max_members is not None and len(members) > max_members:
+        holders = [m for m in members if m["holding"]][:1]
+        members = holders + [m for m in members if not m["holding"]][
+            :max(0, max_members - len(holders))]
     return Observation(
         members=tuple(ObservedMember(m["job"], m["pid"], m["pid_ns"], m["holding"],
-                                     _usage(m["usage"])) for m in raw["members"]),
+                                     _usage(m["usage"])) for m in members),
         queue=tuple(Waiter(w["job"], w["pid"], w["pid_ns"],
                                    PRIORITY_NAMES.get(w["priority"], str(w["priority"])),
                                    w["since_wall_ns"]) for w in raw["queue"]),
         held_for_s=raw["held_for_ns"] / 1e9, overlapping_holds=raw["overlapping_holds"],
         handoffs=raw["handoffs"], recoveries=raw["recoveries"],
-        wait_bucket_upper_s=tuple(ns / 1e9 for ns in raw["wait_bucket_upper_ns"]))
+        wait_bucket_upper_s=tuple(ns / 1e9 for ns in raw["wait_bucket_upper_ns"]),
+        member_count=len(raw["members"]))
 
 
-def observe(path: str | os.PathLike, bound_s: float = OBSERVE_BOUND_S) -> Observation:
-    """Reads the lease segment file at path as an observer; raises LeaseReadError naming the
-    path if it cannot (missing, unreadable, another layout, or refused by the trust rule)."""
+def observe(path: str | os.PathLike, bound_s: float = OBSERVE_BOUND_S,
+            max_members: int | None = None) -> Observation:
+    """Reads the lease segment file at path as an observer (at most max_members members kept:
+    parse_observation); raises LeaseReadError naming the path if it cannot (missing,
+    unreadable, another layout, or refused by the trust rule)."""
     if not 0 < bound_s <= MAX_OBSERVE_BOUND_S:
         raise ValueError(f"observer bound must be in (0, {MAX_OBSERVE_BOUND_S:g}] s, "
                          f"got {bound_s!r}")
@@ -138,4 +151,4 @@ def observe(path: str | os.PathLike, bound_s: float = OBSERVE_BOUND_S) -> Observ
         lib.crossover_lease_free(out)
     if code != 0:
         raise LeaseReadError(text)
-    return parse_observation(text)
+    return parse_observation(text, max_members)

@@ -4,8 +4,10 @@ For an operator: each segment's group, device key and file, its members (job, pi
 namespace), the holder and the queue. Read-only: it inspects each file as an observer
 (membership.read_snapshot: opened read-only and non-blocking, copied, never locked), so it never
 becomes a member, creates, changes or repairs a segment, and needs no write access. Other local
-users may plant files in a shared directory, so no file can stall it: the whole command is
-bounded (STATUS_BOUND_S), a file that fails the trust rule (ops/core/lease_dir.h) is skipped and
+users may plant files in a shared directory, so no file can stall it and no number of names
+can hide a lease: the whole command is bounded (STATUS_BOUND_S), the leases come first, a file
+that may be a lease but fails the trust rule (ops/core/lease_dir.h) is skipped and named, names
+that fail it by their lstat alone (empty, 0666) are counted apart, the first UNTRUSTED_NAMED
 named, and names past the first MAX_SEGMENTS are counted, not silently dropped.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from crossover_tf.lease.membership import INSPECT_BOUND_S, LeaseSnapshot, read_s
 from crossover_tf.lease.segments import SegmentFile, resolve_lease_dir
 
 STATUS_BOUND_S = 10.0  # the whole command, however many files the directory holds
+UNTRUSTED_NAMED = 10  # names failing the trust rule shown with the reason; the rest counted
 
 
 def format_segment(segment: SegmentFile, snap: LeaseSnapshot, now_ns: int) -> str:
@@ -44,16 +47,19 @@ def format_segment(segment: SegmentFile, snap: LeaseSnapshot, now_ns: int) -> st
 def status(lease_dir: str | None, group: str | None,
            bound_s: float = STATUS_BOUND_S) -> tuple[str, int]:
     """The status text and exit code (1 if some segment was skipped, could not be read, or was
-    not reached within bound_s)."""
+    not reached within bound_s, or some name fails the trust rule)."""
     directory = resolve_lease_dir(lease_dir, observer=True)
     result = read_directory(directory, group, read_snapshot, (tf.errors.OpError,), bound_s,
-                            INSPECT_BOUND_S)
-    if not result.read and not result.skipped:
+                            INSPECT_BOUND_S, name_untrusted=UNTRUSTED_NAMED)
+    if not result.read and not result.skipped and not result.untrusted:
         return f"no leases in {directory}" + (f" for group {group}" if group else ""), 0
     now_ns = time.time_ns()
     blocks = [format_segment(segment, snap, now_ns) for segment, snap in result.read]
-    if not result.skipped:
-        return "\n".join(blocks), 0
-    blocks.append(f"skipped ({len(result.skipped)}):\n"
-                  + "\n".join(f"  {s}" for s in result.skipped))
-    return "\n".join(blocks), 1
+    if result.skipped:
+        blocks.append(f"skipped ({len(result.skipped)}):\n"
+                      + "\n".join(f"  {s}" for s in result.skipped))
+    if result.untrusted:
+        blocks.append(f"not leases: {result.untrusted} name(s) that fail the trust rule "
+                      "(planted, or left by a failed start):\n"
+                      + "\n".join(f"  {s}" for s in result.untrusted_lines))
+    return "\n".join(blocks), 1 if result.skipped or result.untrusted else 0

@@ -5,8 +5,9 @@ the way /work/shared/platform-notes.md found it working here: a plain process wi
 config file, its storage and its log (stdout and stderr) in one directory, listening on
 127.0.0.1 only, on a free port. It scrapes the given targets ("127.0.0.1:PORT") every
 scrape_interval_s (1 s by default) in one scrape job (`job="crossover"` on every series it
-stores), and answers PromQL through its HTTP API: query(), query_range(), targets(),
-wait_for() and wait_for_targets_up(), every call and every wait bounded. stop() ends it by pid
+stores; scheme, tls_config and basic_auth as given, for a protected exporter), and answers
+PromQL through its HTTP API: query(), query_range(), targets(), wait_for() and
+wait_for_targets_up(), every call and every wait bounded. stop() ends it by pid
 (SIGTERM, then SIGKILL after STOP_TIMEOUT_S) and may be called any number of times.
 
 Timing (2 cores): ready in well under a second, but Prometheus hands its targets to the scrape
@@ -79,8 +80,16 @@ class PrometheusServer(StartStopContext):
     def __init__(self, targets: Sequence[str], scrape_interval_s: float = 1.0,
                  base_dir: pathlib.Path | str | None = None, job_name: str = "crossover",
                  metrics_path: str = "/metrics", binary: str = "prometheus",
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), scheme: str = "http",
+                 tls_config: dict[str, Any] | None = None,
+                 basic_auth: dict[str, str] | None = None) -> None:
         self.targets_config = [str(t) for t in targets]
+        # How it scrapes them: Prometheus's own scrape-config keys (scheme "https", tls_config
+        # {ca_file, cert_file, key_file, server_name, insecure_skip_verify}, basic_auth
+        # {username, password or password_file}), for a protected exporter.
+        self.scheme = scheme
+        self.tls_config = tls_config
+        self.basic_auth = basic_auth
         self.scrape_interval_s = float(scrape_interval_s)
         self.job_name = job_name
         self.metrics_path = metrics_path
@@ -135,11 +144,17 @@ class PrometheusServer(StartStopContext):
     def _write_config(self) -> None:
         # JSON is YAML: no PyYAML needed to write it.
         interval = _duration(self.scrape_interval_s)
+        job: dict[str, Any] = {"job_name": self.job_name, "metrics_path": self.metrics_path,
+                               "scheme": self.scheme,
+                               "static_configs": [{"targets": self.targets_config}]}
+        if self.tls_config is not None:
+            job["tls_config"] = self.tls_config
+        if self.basic_auth is not None:
+            job["basic_auth"] = self.basic_auth
         config = {
             "global": {"scrape_interval": interval, "scrape_timeout": interval,
                        "evaluation_interval": interval},
-            "scrape_configs": [{"job_name": self.job_name, "metrics_path": self.metrics_path,
-                                "static_configs": [{"targets": self.targets_config}]}],
+            "scrape_configs": [job],
         }
         self.config.write_text(json.dumps(config, indent=2) + "\n")
 

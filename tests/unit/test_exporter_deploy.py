@@ -85,8 +85,8 @@ def test_daemonset_runs_the_exporter_on_its_metrics_port() -> None:
     annotations = template["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true", annotations
     assert annotations["prometheus.io/port"] == str(port["containerPort"]), annotations
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["port"] in ("metrics", port["containerPort"])
+    for probe in ("livenessProbe", "readinessProbe"):  # TCP: /metrics needs the password
+        assert container[probe]["tcpSocket"]["port"] in ("metrics", port["containerPort"])
 
 
 def test_daemonset_mounts_the_jobs_host_lease_dir_read_only_at_lease_dir() -> None:
