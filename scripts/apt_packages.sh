@@ -1,5 +1,6 @@
 # Sourced by scripts/install_slurm.sh and scripts/install_prometheus.sh: installs Debian packages
-# with apt for the tests that run real components, the same way for each. The caller defines
+# with apt for the tests that run real components, the same way for each (run as a script, it
+# installs GoogleTest for the lease core's C++ tests: the section at the end). The caller defines
 # NAME (for its messages), PACKAGES (an array), ENABLE_VAR (an environment variable that skips
 # the install when 0), installed() (true when already there), version() (one line) and
 # NOT_ON_PATH (what to say when the install gave no command). Starts no daemon: a policy-rc.d
@@ -37,3 +38,23 @@ apt_install_packages() {
   installed || skip "installed ${PACKAGES[*]}, but $NOT_ON_PATH"
   log "installed: $(version)"
 }
+
+# Run as a script (not sourced): GoogleTest, Debian's libgtest-dev (headers in /usr/include/gtest,
+# static libgtest.a and libgtest_main.a), which ops/testing/device_lease_test.cc is written with.
+# ops/Makefile runs this where the compiler finds no <gtest/gtest.h>, and scripts/bazel_check.sh
+# before Bazel builds //ops:device_lease_test; both stop, naming the package, if it still lacks.
+#   bash scripts/apt_packages.sh
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  set -uo pipefail
+  NAME=apt_packages
+  PACKAGES=(libgtest-dev)
+  ENABLE_VAR=CROSSOVER_GTEST_INSTALL
+  NOT_ON_PATH="/usr/include/gtest/gtest.h or libgtest.a is missing"
+  installed() {
+    [ -e /usr/include/gtest/gtest.h ] && compgen -G '/usr/lib/*/libgtest.a' >/dev/null
+  }
+  version() {
+    dpkg-query -W -f='libgtest-dev ${Version}' libgtest-dev 2>/dev/null || echo libgtest-dev
+  }
+  apt_install_packages
+fi

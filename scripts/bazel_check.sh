@@ -2,8 +2,8 @@
 # Builds and tests the op library with Bazel, offline, the way Bazel users would
 # (ops/BUILD): Debian's bazel-bootstrap 4.2.3 builds //ops:_lease_ops.so against the installed
 # TensorFlow (checked to hold no test hooks), the core's test-only targets and the GPU probe's
-# CPU build, runs the lease core's cc_test, and the built library is loaded in TensorFlow
-# through CROSSOVER_LEASE_OPS to take and give back a lease.
+# CPU build, runs the lease core's cc_test (GoogleTest), and the built library is loaded in
+# TensorFlow through CROSSOVER_LEASE_OPS to take and give back a lease.
 #
 # Why the extra set-up (docs: /work/shared/platform-notes.md's Bazel section):
 # * Bazel 4.2.3's built-in WORKSPACE suffix fetches rules_cc, rules_java and
@@ -13,9 +13,12 @@
 #   (--bazel4), used instead of the workspace .bazelrc (which stays for newer Bazel).
 # * The cc_test chowns a segment to another uid, which Bazel's sandbox forbids: actions run
 #   with --spawn_strategy=standalone.
+# * The cc_test links the system's GoogleTest (ops/BUILD), which Bazel cannot fetch offline:
+#   Debian's libgtest-dev, installed by scripts/apt_packages.sh where missing.
 #
 # Installs bazel-bootstrap with apt-get when missing (root only). Prints one "SKIPPED:" line and
-# exits 0 where neither Bazel nor apt can provide it; any build or test failure exits non-zero.
+# exits 0 where neither Bazel nor apt can provide it; GoogleTest missing after apt, or any build
+# or test failure, exits non-zero.
 #   bash scripts/bazel_check.sh
 set -euo pipefail
 
@@ -42,6 +45,14 @@ if ! command -v bazel >/dev/null; then
   fi
 fi
 [ -x "$PY" ] || { echo "no $PY: run scripts/install.sh first" >&2; exit 1; }
+if [ ! -e /usr/include/gtest/gtest.h ]; then
+  bash "$ROOT/scripts/apt_packages.sh"
+  [ -e /usr/include/gtest/gtest.h ] || {
+    echo "//ops:device_lease_test needs GoogleTest: Debian's libgtest-dev" \
+      "(bash scripts/apt_packages.sh as root)" >&2
+    exit 1
+  }
+fi
 
 # --- the three override repositories (tiny, regenerated each run with the same content) ------
 mkdir -p "$OVERRIDES"/rules_cc/cc "$OVERRIDES"/rules_java/java "$OVERRIDES"/remote_coverage_tools
@@ -101,7 +112,10 @@ for lib in _lease_ops.so _lease_observer.so; do
 done
 t0=$(date +%s)
 "${BAZEL[@]}" test --nocache_test_results --test_output=errors //ops:device_lease_test
-log "bazel test //ops:device_lease_test: $(tail -n 1 bazel-testlogs/ops/device_lease_test/test.log) in $(( $(date +%s) - t0 )) s"
+# GoogleTest's closing lines: "[  PASSED  ] 32 tests." (and "[  SKIPPED ] N tests, ..." if any).
+summary=$(grep -E '^\[  (PASSED|SKIPPED|FAILED)  \] [0-9]+ test' \
+  bazel-testlogs/ops/device_lease_test/test.log | paste -sd ' ' - || true)
+log "bazel test //ops:device_lease_test: ${summary:-no GoogleTest summary} in $(( $(date +%s) - t0 )) s"
 
 LIB="$ROOT/bazel-bin/ops/_lease_ops.so"
 CROSSOVER_LEASE_OPS="$LIB" CROSSOVER_LEASE_OBSERVER="$ROOT/bazel-bin/ops/_lease_observer.so" \
