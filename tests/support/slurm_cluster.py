@@ -10,6 +10,13 @@ is on (PrologFlags=Contain, job_container.conf AutoBasePath/BasePath): every job
 /tmp and /dev/shm, as on a real cluster. No cgroup plugin is used (proctrack/linuxproc,
 task/none), so it runs in a container without a cgroup delegation.
 
+A checkout or venv under /tmp (or /dev/shm), where a fresh clone often lives, is hidden from
+the jobs by that private /tmp (Slurm 22.05's plugin has no Dirs setting). The cluster then
+bind-mounts it, read-only, under its own directory (expose(); the test runs as root) and the
+jobs run from there: cluster.root is the checkout and cluster.python the venv's interpreter as
+the jobs see them. stop() unmounts them before it removes anything, and removes nothing while a
+mount is left.
+
 Where Slurm is missing or does not start, SlurmUnavailable says why (the exact error and the
 daemons' log tails); running_cluster(), the body of the tests' fixture, turns that into a
 skip.
@@ -100,10 +107,11 @@ MIN_HANDOFFS = 10
 
 def train_command(job: str, group: str, model_dir: pathlib.Path, barrier: pathlib.Path,
                   join_flags: bool = True, join_timeout_s: float = 120.0,
-                  *extra: str, processes: int = 2) -> list[str]:
+                  *extra: str, processes: int = 2, python: str = sys.executable) -> list[str]:
     """One small crossing job (one rank unless its launch starts more), its stats in
-    <model_dir>/<job>/stats.json; processes: how many, over both jobs, the barrier waits for."""
-    command = [sys.executable, "-m", "experiments.train", f"--job={job}", f"--group={group}",
+    <model_dir>/<job>/stats.json; processes: how many, over both jobs, the barrier waits for;
+    python: the interpreter as the job sees it (a Slurm cluster's cluster.python)."""
+    command = [python, "-m", "experiments.train", f"--job={job}", f"--group={group}",
                "--model=small_cnn", f"--steps={STEPS}", "--warmup_steps=2",
                "--global_batch_size=16", "--jit_compile=false", "--threads=1",
                f"--model_dir={model_dir}", f"--start_barrier={barrier}:{processes}", *extra]
@@ -164,6 +172,11 @@ class SlurmCluster(StartStopContext):
 
     def __init__(self, base_root: pathlib.Path = BASE_ROOT) -> None:
         self.base = pathlib.Path(base_root) / f"crossover-slurm-{uuid.uuid4().hex[:10]}"
+        # The checkout and the interpreter as the jobs see them (expose_checkout() moves them
+        # out of a private /tmp), and the read-only bind mounts that do it: (source, point).
+        self.root = REPO_ROOT
+        self.python = sys.executable
+        self.exposed: list[tuple[pathlib.Path, pathlib.Path]] = []
         self.node = socket.gethostname()
         self.cpus = os.cpu_count() or 1
         self.conf = self.base / "etc" / "slurm.conf"
@@ -308,9 +321,47 @@ class SlurmCluster(StartStopContext):
                          f"--- {n}.out:\n{log_tail(self.base / 'log' / f'{n}.out')}"
                          for n in names)
 
+    # -- what the jobs can see
+    def expose(self, path: pathlib.Path) -> pathlib.Path:
+        """path as this cluster's jobs reach it: itself where they see it, else through a
+        read-only bind mount of it under the cluster's directory (/var/tmp: outside the jobs'
+        private /tmp and /dev/shm), made once; a path under an exposed one maps through it.
+        Raises SlurmUnavailable, with mount's words, where the mount fails."""
+        path = pathlib.Path(os.path.abspath(path))
+        for source, point in self.exposed:
+            if path.is_relative_to(source):
+                return point / path.relative_to(source)
+        if not _hidden(path):
+            return path
+        point = self.base / "exposed" / f"{len(self.exposed)}-{path.name}"
+        if path.is_dir():
+            point.mkdir(parents=True)
+        else:
+            point.parent.mkdir(parents=True, exist_ok=True)
+            point.touch()
+        # Read-only (mount binds, then remounts the bind ro): neither a job nor a removal of the
+        # cluster's directory can change the clone through it.
+        args = ["mount", "--bind", "-o", "ro", str(path.resolve()), str(point)]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        if done.returncode:
+            raise SlurmUnavailable(f"{path} is hidden from the jobs (job_container/tmpfs gives "
+                                   f"each a private /tmp and /dev/shm) and `{' '.join(args)}` "
+                                   f"failed: {done.stderr.strip()}")
+        self.exposed.append((path, point))
+        if not _read_only(point):
+            raise SlurmUnavailable(f"the bind mount of {path} at {point} is not read-only")
+        return point
+
+    def expose_checkout(self) -> None:
+        """The checkout (root) and this interpreter's venv (python) where the jobs see them."""
+        self.root = self.expose(REPO_ROOT)
+        self.expose(pathlib.Path(sys.prefix))
+        self.python = str(self.expose(pathlib.Path(sys.executable)))
+
     def stop(self) -> None:
-        """Cancels this cluster's jobs (bounded wait), stops its daemons by pid, and removes its
-        directory (lazily unmounting what job_container/tmpfs may have left mounted there)."""
+        """Cancels this cluster's jobs (bounded wait), stops its daemons by pid, unmounts what
+        expose() mounted and what job_container/tmpfs may have left mounted (lazily), and then
+        removes its directory, unless a mount is still there (it says which)."""
         if self.submitted and "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
             with contextlib.suppress(Exception):
                 self.run(["scancel", *self.submitted], timeout_s=15, check=False)
@@ -319,9 +370,15 @@ class SlurmCluster(StartStopContext):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 terminate(proc, STOP_TIMEOUT_S)
+        for _, point in reversed(self.exposed):
+            subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=15)
+        self.exposed.clear()
         if self.base.exists():
             for mount in self._mounts_under(self.base):
                 subprocess.run(["umount", "-l", mount], capture_output=True, timeout=15)
+            left = self._mounts_under(self.base)
+            if left:  # never remove through a mount: an exposed one is someone's checkout
+                raise RuntimeError(f"not removing {self.base}: still mounted there: {left}")
             shutil.rmtree(self.base, ignore_errors=True)
 
     @staticmethod
@@ -380,20 +437,30 @@ def hidden_from_jobs(paths: Iterable[pathlib.Path]) -> list[str]:
             if any(p.resolve().is_relative_to(d) for d in JOB_PRIVATE_DIRS)]
 
 
+def _hidden(path: pathlib.Path) -> bool:
+    """Whether a job cannot use path as written: it, or where its links lead, is under a
+    private directory (a venv's bin/python links out of it, yet the job needs the link)."""
+    return any(p.is_relative_to(d) for p in (path, path.resolve()) for d in JOB_PRIVATE_DIRS)
+
+
+def _read_only(point: pathlib.Path) -> bool:
+    for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4].replace("\\040", " ") == str(point):
+            return "ro" in fields[5].split(",")
+    return False
+
+
 def running_cluster() -> Iterator[SlurmCluster]:
     """The body of a pytest fixture (module scope in tests/system/test_deploy_slurm.py): a started
-    one-node Slurm, stopped and removed after the tests; skips with the exact reason where it
-    cannot be started."""
-    hidden = hidden_from_jobs([REPO_ROOT, pathlib.Path(sys.prefix)])
-    if hidden:
-        pytest.skip(f"Slurm jobs cannot see {hidden}: job_container/tmpfs (Slurm 22.05 has no "
-                    "Dirs setting) gives every job a private /tmp and /dev/shm, so a checkout "
-                    "or venv there is invisible inside the jobs; clone outside /tmp to run "
-                    "these tests")
+    one-node Slurm, the checkout and venv exposed to its jobs wherever they are, stopped and
+    removed after the tests; skips with the exact reason where it cannot be started."""
     cluster = SlurmCluster()
     try:
         cluster.__enter__()
+        cluster.expose_checkout()
     except SlurmUnavailable as e:
+        cluster.stop()
         pytest.skip(f"Slurm unavailable: {e}")
     try:
         yield cluster

@@ -12,7 +12,9 @@ no horovodrun) in one crossover group on the node's one device (cpu0):
     check, both computed at once with no error; the numbers are in issue 21's closing note);
   * deploy/slurm/crossover_steps.sbatch's two `srun --overlap` steps of one allocation cross,
     and so does the line crossover-plan pair --slurm writes for a crossed pair, as written.
-Skips, saying why, where Slurm cannot be installed or started.
+The jobs run the checkout and venv wherever they are: one under /tmp, hidden from them by
+their private /tmp, is bind-mounted read-only under the cluster's /var/tmp directory for them
+(cluster.root, cluster.python). Skips, saying why, where Slurm cannot be installed or started.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ import datetime
 import json
 import pathlib
 import re
+import subprocess
+import sys
+import textwrap
 import uuid
 from typing import Iterator
 
@@ -45,9 +50,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     yield from running_cluster()
 
 
-def run_pair(cluster: SlurmCluster, *, recipe: bool, root: pathlib.Path = REPO_ROOT,
-             join_flags: bool = True, join_timeout_s: float = 120.0,
-             timeout_s: float = JOB_TIMEOUT_S) -> dict:
+def run_pair(cluster: SlurmCluster, *, recipe: bool, join_flags: bool = True,
+             join_timeout_s: float = 120.0, timeout_s: float = JOB_TIMEOUT_S) -> dict:
     """Submits jobs A and B of one new group (with the recipe: through crossover_job.sbatch,
     CROSSOVER_LEASE_DIR on a directory under the cluster's /var/tmp base; without: the same
     command with `sbatch --wrap`), waits (bounded) and returns each job's record, output and
@@ -56,13 +60,13 @@ def run_pair(cluster: SlurmCluster, *, recipe: bool, root: pathlib.Path = REPO_R
     run_dir = cluster.base / "runs" / group
     lease_dir = run_dir / "lease" if recipe else None
     run_dir.mkdir(parents=True)
-    env = job_env(root, lease_dir)
+    env = job_env(cluster.root, lease_dir)
     ids = {}
     for job in ("A", "B"):
         command = train_command(job, group, run_dir / "model", run_dir / "barrier",
-                                join_flags, join_timeout_s)
+                                join_flags, join_timeout_s, python=cluster.python)
         args = ["--job-name", f"xo-{job}", "--mem=2G", "--ntasks=1", "--cpus-per-task=1",
-                f"--chdir={root}"]
+                f"--chdir={cluster.root}"]
         if recipe:
             args += [str(JOB_SCRIPT), *command]
         else:
@@ -140,10 +144,10 @@ def test_slurm_steps_recipe_crosses(slurm_cluster: SlurmCluster) -> None:
     group = f"s{uuid.uuid4().hex[:10]}"
     run_dir = slurm_cluster.base / "runs" / group
     run_dir.mkdir(parents=True)
-    env = job_env(REPO_ROOT, None)
+    env = job_env(slurm_cluster.root, None)
     for job in ("A", "B"):
-        env[f"CROSSOVER_COMMAND_{job}"] = " ".join(
-            train_command(job, group, run_dir / "model", run_dir / "barrier"))
+        env[f"CROSSOVER_COMMAND_{job}"] = " ".join(train_command(
+            job, group, run_dir / "model", run_dir / "barrier", python=slurm_cluster.python))
     _assert_steps_cross(slurm_cluster, group, run_dir, env, str(STEPS_SCRIPT))
 
 
@@ -154,11 +158,11 @@ def test_slurm_tensorflow_recipe_crosses_two_rank_jobs_without_horovod(
     group = f"s{uuid.uuid4().hex[:10]}"
     run_dir = slurm_cluster.base / "runs" / group
     run_dir.mkdir(parents=True)
-    env = job_env(REPO_ROOT, None)
+    env = job_env(slurm_cluster.root, None)
     for job in ("A", "B"):
         env[f"CROSSOVER_COMMAND_{job}"] = " ".join(train_command(
             job, group, run_dir / "model", run_dir / "barrier", True, 120.0,
-            "--backend=tensorflow", processes=4))
+            "--backend=tensorflow", processes=4, python=slurm_cluster.python))
     _assert_steps_cross(slurm_cluster, group, run_dir, env, str(TENSORFLOW_SCRIPT))
     for job in ("A", "B"):  # each job had two ranks, one per device (cpu0, cpu1)
         stats = [json.loads((run_dir / "model" / job / name).read_text())
@@ -177,18 +181,19 @@ def test_planner_launch_line_runs_as_written(slurm_cluster: SlurmCluster) -> Non
     run_dir = slurm_cluster.base / "runs" / f"plan{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True)
     commands = {job: " ".join(train_command(job, "", run_dir / "model", run_dir / "barrier",
-                                            join_flags=False)) for job in ("A", "B")}
+                                            join_flags=False, python=slurm_cluster.python))
+                for job in ("A", "B")}
     (launch,) = launch_lines.slurm_launches(plan, commands)
     assert launch.recommendation == "cross", plan.to_markdown()
     assignments, words = parse(launch.line)
     assert words == ["sbatch", launch_lines.STEPS_RECIPE]
-    env = {**job_env(REPO_ROOT, None), **assignments}
+    env = {**job_env(slurm_cluster.root, None), **assignments}
     _assert_steps_cross(slurm_cluster, launch.group, run_dir, env, str(REPO_ROOT / words[1]))
 
 
 def _assert_steps_cross(cluster: SlurmCluster, group: str, run_dir: pathlib.Path,
                         env: dict[str, str], script: str) -> None:
-    job_id = cluster.sbatch([f"--chdir={REPO_ROOT}", script], env=env)
+    job_id = cluster.sbatch([f"--chdir={cluster.root}", script], env=env)
     records = cluster.wait([job_id], timeout_s=JOB_TIMEOUT_S)
     result = summarize(cluster, group, run_dir, {"A": job_id, "B": job_id},
                        {job_id: records[job_id]}, None)
@@ -198,3 +203,60 @@ def _assert_steps_cross(cluster: SlurmCluster, group: str, run_dir: pathlib.Path
     assert result["overlap"]["overlapped"] == 0, describe(result)
     assert result["handoffs"] >= MIN_HANDOFFS, describe(result)
     assert result["jobs"]["A"]["lease"]["handoffs"] > 0, describe(result)
+
+
+def test_jobs_reach_a_checkout_and_venv_under_tmp(slurm_cluster: SlurmCluster,
+                                                  tmp_path: pathlib.Path) -> None:
+    """Issue 51 item 8: a clone under /tmp (pytest's tmp_path is there too) is hidden from the
+    jobs by job_container/tmpfs; the cluster bind-mounts it, read-only, under its /var/tmp base
+    and the jobs run from there: the checkout's code, the venv's Python."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / "probe_51.py").write_text("WHERE = __file__\n")
+    seen = slurm_cluster.expose(clone)
+    assert not any(str(seen).startswith(d) for d in ("/tmp/", "/dev/shm/")), seen
+    assert slurm_cluster.expose(clone / "probe_51.py") == seen / "probe_51.py"
+    env = job_env(slurm_cluster.root, None)
+    env["PYTHONPATH"] += f":{seen}"
+    code = ("import sys, crossover_tf, probe_51; "
+            "print('probe', probe_51.WHERE, crossover_tf.__file__, sys.prefix)")
+    job_id = slurm_cluster.sbatch(["--mem=1G", f"--chdir={seen}", "--wrap",
+                                   f"{slurm_cluster.python} -c \"{code}\""], env=env)
+    record = slurm_cluster.wait([job_id], timeout_s=120)[job_id]
+    output = slurm_cluster.output(job_id)
+    assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), output
+    (line,) = [ln for ln in output.splitlines() if ln.startswith("probe ")]
+    print(f"job {job_id}: {line}")
+    _, probe, package, prefix = line.split()
+    assert probe == str(seen / "probe_51.py"), line
+    assert package.startswith(f"{slurm_cluster.root}/"), (line, slurm_cluster.root)
+    assert prefix == str(slurm_cluster.expose(pathlib.Path(sys.prefix))), line
+    with pytest.raises(OSError):  # read-only: a job (or a cleanup) cannot change the clone
+        (seen / "written_by_test").write_text("x")
+
+
+def test_the_test_command_lists_each_skip_with_its_reason(tmp_path: pathlib.Path) -> None:
+    """Issue 51 item 8: setup.cfg's addopts list every skipped test, by name, with its reason,
+    at the end of the run, so a skip that should not happen shows (pytest folds skips raised
+    at one place into one line unless told not to)."""
+    (tmp_path / "test_two_skips.py").write_text(textwrap.dedent("""
+        import pytest
+
+        def need_probe():
+            pytest.skip("no probe here")
+
+        def test_first():
+            need_probe()
+
+        def test_second():
+            need_probe()
+        """))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(REPO_ROOT / "setup.cfg"),
+         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = result.stdout.split("short test summary info")[-1]
+    for test in ("test_first", "test_second"):  # one line each: its name and its reason
+        assert re.search(rf"^SKIPPED test_two_skips\.py::{test} - .*no probe here$", summary,
+                         re.MULTILINE), result.stdout

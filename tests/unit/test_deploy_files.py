@@ -7,9 +7,12 @@ for real (tests/system/test_deploy_slurm.py); here they are syntax-checked with 
 """
 from __future__ import annotations
 
+import json
+import os
 import pathlib
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -24,9 +27,10 @@ K8S_TIME_SLICING = DEPLOY / "kubernetes" / "pods-time-slicing.yaml"
 SLURM_JOB = DEPLOY / "slurm" / "crossover_job.sbatch"
 SLURM_STEPS = DEPLOY / "slurm" / "crossover_steps.sbatch"
 K8S_TFJOBS = DEPLOY / "kubernetes" / "tfjobs-shared-gpu.yaml"
+K8S_TRAINJOBS = DEPLOY / "kubernetes" / "trainjobs-shared-gpu.yaml"
 SLURM_TENSORFLOW = DEPLOY / "slurm" / "crossover_tensorflow.sbatch"
-RECIPES = [COMPOSE, K8S_DRA, K8S_TIME_SLICING, K8S_TFJOBS, SLURM_JOB, SLURM_STEPS,
-           SLURM_TENSORFLOW]
+RECIPES = [COMPOSE, K8S_DRA, K8S_TIME_SLICING, K8S_TFJOBS, K8S_TRAINJOBS, SLURM_JOB,
+           SLURM_STEPS, SLURM_TENSORFLOW]
 PRIVATE_DIRS = ("/tmp", "/dev/shm")  # private per container / per job_container/tmpfs job
 
 
@@ -101,7 +105,7 @@ def _check_pods_share_lease_dir(pods: list[dict]) -> None:
     host_paths, commands = set(), []
     for pod in pods:
         (container,) = pod["spec"]["containers"]
-        env = {e["name"]: e["value"] for e in container["env"]}
+        env = {e["name"]: e.get("value") for e in container["env"]}  # not valueFrom ones
         lease_dir = env["CROSSOVER_LEASE_DIR"]
         assert outside_private_dirs(lease_dir), lease_dir
         (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == lease_dir]
@@ -182,6 +186,128 @@ def test_tfjobs_admit_only_their_own_ranks_to_their_ports() -> None:
         assert [f["podSelector"]["matchLabels"] for f in rule["from"]] == [{label: job}], rule
         guarded[job] = policy["metadata"]["name"]
     assert sorted(guarded) == sorted(jobs), (guarded, jobs)
+
+
+# Kubeflow Trainer v2 (issue 51 item 7): TrainJobs on a plain runtime, TF_CONFIG from JobSet.
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+ML_POLICY_SOURCES = {"torch", "mpi", "jax", "xgboost", "flux"}  # Trainer's MLPolicySource
+
+
+def _trainjobs() -> tuple[list[dict], dict, dict, list[dict]]:
+    """The TrainJobs, their one plain TrainingRuntime, the claim, and the other documents."""
+    docs = [d for d in yaml.safe_load_all(K8S_TRAINJOBS.read_text()) if d]
+    jobs = [d for d in docs if d["kind"] == "TrainJob"]
+    (runtime,) = [d for d in docs if d["kind"] == "TrainingRuntime"]
+    (claim,) = [d for d in docs if d["kind"] == "ResourceClaim"]
+    return jobs, runtime, claim, docs
+
+
+def _trainer_pod(runtime: dict) -> tuple[dict, dict]:
+    """The runtime's trainer pod template and its "node" container (what Trainer's plugins set
+    args and env in: the replicated job labelled trainjob-ancestor-step=trainer)."""
+    (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert rjob["name"] == "node", rjob["name"]
+    labels = rjob["template"]["metadata"]["labels"]
+    assert labels["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer", labels
+    pod = rjob["template"]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["name"] == "node", container["name"]
+    return pod, container
+
+
+def test_trainjobs_on_a_plain_runtime_share_one_claim_and_lease_dir() -> None:
+    """Issue 51 item 7: two TrainJobs (Trainer v2) on one plain TrainingRuntime (no framework
+    policy: PlainML), one node each, --backend=tensorflow, sharing one GPU (one claim in the
+    runtime's pod template) and one host lease directory, as the TFJob recipe's pair does."""
+    jobs, runtime, claim, _ = _trainjobs()
+    assert len(jobs) == 2 and all(j["apiVersion"] == TRAINER_API for j in jobs), jobs
+    assert runtime["apiVersion"] == TRAINER_API, runtime["apiVersion"]
+    policy = runtime["spec"]["mlPolicy"]
+    assert not set(policy) & ML_POLICY_SOURCES and set(policy) <= {"numNodes"}, policy
+    pod, container = _trainer_pod(runtime)
+    (ref,) = pod["spec"]["resourceClaims"]
+    assert ref["resourceClaimName"] == claim["metadata"]["name"], ref  # shared, not a template
+    assert [c["name"] for c in container["resources"]["claims"]] == [ref["name"]]
+    assert pod["spec"]["restartPolicy"] == "Never", pod["spec"]
+    pods = []
+    for job in jobs:
+        assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
+                                             "kind": "TrainingRuntime",
+                                             "name": runtime["metadata"]["name"]}, job["spec"]
+        trainer = job["spec"]["trainer"]
+        assert trainer["numNodes"] == 1, trainer   # one rank per job (see the file's header)
+        assert "command" not in trainer, "the runtime's entrypoint must stay the command"
+        assert "--backend=tensorflow" in trainer["args"], trainer["args"]
+        env = {e["name"]: e["value"] for e in trainer["env"]}
+        assert env["CROSSOVER_NUM_NODES"] == str(trainer["numNodes"]), env
+        # the pod Trainer makes: the runtime's, with the TrainJob's args and env
+        merged = {**container, "command": trainer["args"],
+                  "env": container["env"] + trainer["env"]}
+        pods.append({"metadata": job["metadata"],
+                     "spec": {**pod["spec"], "containers": [merged]}})
+    _check_pods_share_lease_dir(pods)
+
+
+def _run_entrypoint(container: dict, jobset: str, index: int, nodes: int
+                    ) -> subprocess.CompletedProcess:
+    """The runtime's entrypoint as pod `index` of a TrainJob `jobset` of `nodes` pods gets it:
+    the downward-API labels JobSet sets, JOB_COMPLETION_INDEX (an Indexed Job's), the
+    TrainJob's CROSSOVER_NUM_NODES; its command prints the TF_CONFIG it is given."""
+    labels = {JOBSET_NAME: jobset, "jobset.sigs.k8s.io/replicatedjob-name": "node",
+              "jobset.sigs.k8s.io/job-index": "0"}
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(PYTHONPATH=str(REPO_ROOT), JOB_COMPLETION_INDEX=str(index),
+               CROSSOVER_NUM_NODES=str(nodes))
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path.startswith("metadata.labels['") and path.endswith("']"), path
+            env[var["name"]] = labels[path[len("metadata.labels['"):-2]]
+    python, *rest = container["command"]
+    assert python == "python", container["command"]
+    show = [sys.executable, "-c", "import os; print('TF_CONFIG=' + os.environ['TF_CONFIG'])"]
+    return subprocess.run([sys.executable, *rest, *show], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_trainjob_entrypoint_writes_each_pods_tf_config_from_the_jobs_pods(nodes: int) -> None:
+    """The entrypoint, run as each pod of a TrainJob would run it: every pod is a worker at
+    JobSet's stable name <trainjob>-node-0-<i>.<trainjob> (Trainer's own torch and JAX plugins
+    address pod 0 so), this pod worker JOB_COMPLETION_INDEX; a pod beyond CROSSOVER_NUM_NODES
+    stops, saying so."""
+    _, runtime, _, _ = _trainjobs()
+    _, container = _trainer_pod(runtime)
+    port = {e["name"]: e.get("value") for e in container["env"]}["CROSSOVER_TF_PORT"]
+    expected = [f"crossover-tj-a-node-0-{i}.crossover-tj-a:{port}" for i in range(nodes)]
+    for index in range(nodes):
+        done = _run_entrypoint(container, "crossover-tj-a", index, nodes)
+        assert done.returncode == 0, done.stderr
+        (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("TF_CONFIG=")]
+        config = json.loads(line.partition("=")[2])
+        assert config == {"cluster": {"worker": expected},
+                          "task": {"type": "worker", "index": index}}, config
+    beyond = _run_entrypoint(container, "crossover-tj-a", nodes, nodes)
+    assert beyond.returncode != 0 and "CROSSOVER_NUM_NODES" in beyond.stderr, beyond
+
+
+def test_trainjobs_admit_only_their_own_ranks_to_their_ports() -> None:
+    """As the TFJobs' (issue 48): each TrainJob has a NetworkPolicy that selects its pods (the
+    label JobSet puts on them: the JobSet is named after the TrainJob) and admits ingress from
+    those pods alone."""
+    jobs, _, _, docs = _trainjobs()
+    guarded = {}
+    for policy in [d for d in docs if d["kind"] == "NetworkPolicy"]:
+        spec = policy["spec"]
+        job = spec["podSelector"]["matchLabels"][JOBSET_NAME]
+        assert spec["policyTypes"] == ["Ingress"], spec
+        (rule,) = spec["ingress"]
+        assert [f["podSelector"]["matchLabels"] for f in rule["from"]] == [{JOBSET_NAME: job}]
+        guarded[job] = policy["metadata"]["name"]
+    assert sorted(guarded) == sorted(j["metadata"]["name"] for j in jobs), guarded
 
 
 def test_slurm_tensorflow_script_runs_both_jobs_over_every_task_with_overlap() -> None:
