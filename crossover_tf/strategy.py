@@ -11,6 +11,7 @@ yourself if you want the usual linear rule).
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import keras
@@ -21,11 +22,13 @@ from absl import logging
 from crossover_tf import callbacks, options
 from crossover_tf._hold import custom_loop
 from crossover_tf._keras import install as keras_install
-from crossover_tf._keras import ownership
+from crossover_tf._protocol import ownership
 from crossover_tf._keras.fit_guard import guard_fit
 from crossover_tf import lease as lease_lib
 from crossover_tf._communication import communicator_for
+from crossover_tf._protocol import replica_context
 from crossover_tf._protocol.gradient_tape import CrossoverGradientTape
+from crossover_tf._protocol.optimizer_guard import guard_optimizers, refuse_inside_run
 from crossover_tf._protocol.step_protocol import StepProtocol
 from crossover_tf._setup.bring_up import bring_up
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
@@ -81,6 +84,7 @@ class CrossoverStrategy:
                                   communicator_for(communication))
         ownership.register(self._protocol)
         guard_fit()  # fit on a model made in scope() crosses; a fit that fails still leaves
+        guard_optimizers()  # no update of this job's variables with unreduced gradients
         logging.info("crossover_tf: rank %d/%d %s", self.rank, self.size, self._protocol)
 
     # ----- tf.distribute-style surface -------------------------------------------------------
@@ -150,15 +154,26 @@ class CrossoverStrategy:
     def scope(self) -> Iterator["CrossoverStrategy"]:
         """Places variables and ops created inside on this replica's device, and makes the
         models made inside this job's: their fit, evaluate and predict cross and synchronise
-        with no callback, as under MultiWorkerMirroredStrategy (_keras.ownership)."""
+        with no callback, as under MultiWorkerMirroredStrategy (_protocol.ownership)."""
         with tf.device(self._protocol.device), ownership.owned_by(self._protocol):
             yield self
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
             kwargs: dict[str, Any] | None = None) -> Any:
-        """Runs fn once on this process's replica (one replica per process, as with Horovod)."""
+        """Runs fn once on this process's replica (one replica per process, as with Horovod),
+        as MultiWorkerMirroredStrategy's run does for a worker: inside, tf.distribute's replica
+        context answers for the job (num_replicas_in_sync, replica_id_in_sync_group,
+        all_reduce), so tf.nn.compute_average_loss scales by the global batch and the Keras
+        optimizer sums the gradients over the ranks (_protocol.replica_context); fn holds
+        the device (strategy.hold_device()), yielded for every reduction. Before the first
+        update, the variables made in scope() start from rank 0's values."""
         with self.scope():
-            return fn(*args, **(kwargs or {}))
+            fresh = ownership.not_yet_broadcast(self._protocol)
+            if fresh and self.size > 1:
+                with tf.init_scope():  # traced in a tf.function: broadcast now, eagerly
+                    self._protocol.broadcast_variables(fresh, 0)
+            with replica_context.entered(self._protocol), self.hold_device():
+                return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
         """Reduces value across all ranks (and first along axis locally, as tf.distribute does).
@@ -175,20 +190,66 @@ class CrossoverStrategy:
         equal to a single process on the global batch. Each rank reads all data; for large
         inputs prefer distribute_datasets_from_function, which reads only this rank's shard.
         """
+        return self._split_batches(dataset, contiguous=False)
+
+    def _split_batches(self, dataset: tf.data.Dataset, contiguous: bool) -> tf.data.Dataset:
+        """This rank's rows of each global batch: strided (rank, rank+N, ...) or contiguous."""
         size, rank = self.size, self.rank
         if size == 1:
             return dataset
+
+        def rows(t: Any) -> Any:
+            if not contiguous:
+                return t[rank::size]
+            per = tf.shape(t)[0] // size
+            return t[rank * per:(rank + 1) * per]
 
         def take_rows(*batch: Any) -> Any:
             first = tf.nest.flatten(batch)[0]
             tf.debugging.assert_equal(
                 tf.shape(first)[0] % size, 0,
                 message=f"global batch size must be divisible by the {size} ranks")
-            picked = tf.nest.map_structure(lambda t: t[rank::size], batch)
+            picked = tf.nest.map_structure(rows, batch)
             return picked if len(picked) > 1 else picked[0]
 
         return dataset.map(take_rows, num_parallel_calls=tf.data.AUTOTUNE,
                            deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+    def experimental_distribute_dataset(self, dataset: tf.data.Dataset,
+                                        options: Any = None) -> tf.data.Dataset:
+        """This rank's part of each *global* batch, as MultiWorkerMirroredStrategy gives a
+        worker with its DATA auto-sharding: every rank reads the same batches and keeps its
+        contiguous slice, rows [rank * B/N, (rank + 1) * B/N) of a global batch of B rows (B
+        must be divisible by the N ranks). distribute_dataset takes rows rank, rank+N, ...
+        instead; both cover each global batch once."""
+        del options  # tf.distribute.InputOptions: prefetching to devices has no meaning here
+        return self._split_batches(dataset, contiguous=True)
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The values of this process's replicas: (value,), one replica per process."""
+        return (value,)
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Every rank's value concatenated along axis, in rank order, on every rank (as
+        MultiWorkerMirroredStrategy's gather of per-replica values). Eager only: it moves the
+        values through the host (a collective; outside any hold of the device)."""
+        if not tf.executing_eagerly():
+            raise RuntimeError("crossover_tf: strategy.gather runs eagerly, outside "
+                               "tf.function; reduce inside with strategy.reduce instead")
+        parts = self._protocol.comm.gather(np.asarray(value))
+        return tf.constant(np.concatenate(parts, axis=axis))
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """This rank's place in the job, as tf.distribute's cluster_resolver: the task type
+        and id (task_id == rank) that checkpointing code asks for. From TF_CONFIG when it is
+        set (the TensorFlow backend's ranks), else one "worker" task per rank."""
+        from tensorflow.python.distribute.cluster_resolver import (SimpleClusterResolver,
+                                                                   TFConfigClusterResolver)
+        if os.environ.get("TF_CONFIG"):
+            return TFConfigClusterResolver()
+        return SimpleClusterResolver(tf.train.ClusterSpec({}), task_type="worker",
+                                     task_id=self.rank)
 
     def distribute_datasets_from_function(
             self, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -250,8 +311,10 @@ class CrossoverStrategy:
     def synchronize_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """Averages gradients over all ranks (one grouped allreduce; None stays None).
 
-        A collective: call it with the device yielded (it takes no link turn).
+        A collective: call it with the device yielded (it takes no link turn). Not inside
+        strategy.run, where the optimizer sums the gradients itself.
         """
+        refuse_inside_run("strategy.synchronize_gradients")
         return self._protocol.allreduce_gradients(grads)
 
     def pause_link_turn(self) -> None:

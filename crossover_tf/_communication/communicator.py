@@ -90,16 +90,18 @@ class Communicator(abc.ABC):
             self.allgather_object(None, "crossover_barrier")
 
     def allreduce_gradients(self, grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
-                            device: str | None = None) -> list[tf.Tensor | None]:
-        """Averages gradients over the ranks in one grouped (fused) allreduce, compressed as
-        the backend is set to; None stays None. Sparse gradients are densified: a grouped
-        allreduce needs dense tensors, and for the models this project targets the dense path
-        is what Horovod's sparse_as_dense would pick."""
+                            device: str | None = None, mean: bool = True
+                            ) -> list[tf.Tensor | None]:
+        """Averages (mean=False: sums, as MultiWorkerMirroredStrategy's optimizer does)
+        gradients over the ranks in one grouped (fused) allreduce, compressed as the backend
+        is set to; None stays None. Sparse gradients are densified: a grouped allreduce needs
+        dense tensors, and for the models this project targets the dense path is what
+        Horovod's sparse_as_dense would pick."""
         def reduce_all(present: list[Any]) -> list[tf.Tensor]:
             dense = [tf.convert_to_tensor(g) for g in present]
             if not dense:
                 return []
-            return self.allreduce(dense, mean=True, name="crossover_grads", device=device,
+            return self.allreduce(dense, mean=mean, name="crossover_grads", device=device,
                                   compress=True)
 
         return map_present(reduce_all, grads)

@@ -9,7 +9,7 @@ peer job would wait for our link turn (up to LinkTurnOptions.wait_s) on every al
 long as this process lives, as a notebook's kernel does. Our hooks are installed from inside
 fit (Keras calls set_model while fit builds its callbacks), too late to wrap the call already
 running; the class's methods are wrapped before the first one starts. Which model belongs to
-which rank's protocol: _keras.ownership.
+which rank's protocol: _protocol.ownership.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any, Callable
 import keras
 
 from crossover_tf import callbacks as crossover_callbacks
-from crossover_tf._keras import ownership
+from crossover_tf._protocol import ownership
 from crossover_tf._keras.install import install, installed_protocol
 
 _GUARDED = "_crossover_guarded"

@@ -30,6 +30,7 @@ import tensorflow as tf
 from crossover_tf import lease as lease_lib
 from crossover_tf._hold.device_hold import as_unit
 from crossover_tf._keras import compat as keras_compat
+from crossover_tf._protocol import gradient_sync
 from crossover_tf._protocol.step_protocol import StepProtocol
 
 
@@ -121,5 +122,6 @@ class CrossoverTrainStep:
     def crossover_apply_gradients(self, grads: list[Any]) -> tf.Tensor:
         """The optimizer update; returns the step counter so callers can order after it."""
         pairs = [(g, v) for g, v in zip(grads, self.model.trainable_weights) if g is not None]
-        self.model.optimizer.apply_gradients(pairs)
+        with gradient_sync.reduced_by_the_step():  # the step reduced them (traced apart)
+            self.model.optimizer.apply_gradients(pairs)
         return tf.identity(self.model.optimizer.iterations)

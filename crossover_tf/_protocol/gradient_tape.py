@@ -11,6 +11,7 @@ from typing import Any
 import tensorflow as tf
 
 from crossover_tf._hold.custom_loop import innermost_hold
+from crossover_tf._protocol.optimizer_guard import refuse_inside_run
 from crossover_tf._protocol.step_protocol import StepProtocol
 
 
@@ -28,6 +29,7 @@ class CrossoverGradientTape:
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        refuse_inside_run("strategy.gradient_tape(tape).gradient()")
         hold = innermost_hold()
         if self._protocol.is_crossover and hold is None:
             raise RuntimeError(

@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import keras
 import tensorflow as tf
 
-from crossover_tf._protocol.step_protocol import StepProtocol
+if TYPE_CHECKING:
+    from crossover_tf._protocol.step_protocol import StepProtocol
 
 # id of the tf.Variable a variable was created as -> (a weak reference to it, its owner). A
 # variable is not hashable, so by id, checked against the reference; a dropped model's
 # variables leave with it.
-_OWNER: dict[int, tuple[weakref.ref, StepProtocol]] = {}
+_OWNER: "dict[int, tuple[weakref.ref, StepProtocol]]" = {}
+_BROADCAST: set[int] = set()  # the keys of _OWNER that strategy.run broadcast already
+
+
+def _forget(key: int) -> None:
+    _OWNER.pop(key, None)
+    _BROADCAST.discard(key)
+
+
 # Every protocol of this process (one per strategy; in practice one).
 _PROTOCOLS: "weakref.WeakSet[StepProtocol]" = weakref.WeakSet()
 
@@ -38,8 +47,8 @@ def owned_by(protocol: StepProtocol) -> Iterator[None]:
     def record(next_creator: Any, **kwargs: Any) -> Any:
         variable = next_creator(**kwargs)
         key = id(variable)
-        _OWNER[key] = (weakref.ref(variable, lambda _, key=key: _OWNER.pop(key, None)),
-                       protocol)
+        _OWNER[key] = (weakref.ref(variable, lambda _, key=key: _forget(key)), protocol)
+        _BROADCAST.discard(key)
         return variable
 
     with tf.variable_creator_scope(record):
@@ -51,14 +60,33 @@ def _backing(variable: Any) -> Any:
     return getattr(variable, "value", variable)
 
 
-def owner_of(model: keras.Model) -> StepProtocol | None:
-    """The protocol whose scope made model's weights (None: none did, or it has none yet)."""
-    for weight in model.weights:
+def not_yet_broadcast(protocol: "StepProtocol") -> list[Any]:
+    """The live variables protocol's scope made that were not returned here before, in the
+    order they were made (the same on every rank of a job running the same code), and marks
+    them: strategy.run broadcasts them from rank 0 once, as MultiWorkerMirroredStrategy starts
+    every replica from the chief's values."""
+    fresh = []
+    for key, (ref, owner) in list(_OWNER.items()):
+        variable = ref()
+        if owner is protocol and variable is not None and key not in _BROADCAST:
+            _BROADCAST.add(key)
+            fresh.append(variable)
+    return fresh
+
+
+def owner_of_variables(variables: Iterable[Any]) -> StepProtocol | None:
+    """The protocol whose scope made any of these variables (None: none did)."""
+    for weight in variables:
         variable = _backing(weight)
         entry = _OWNER.get(id(variable))
         if entry is not None and entry[0]() is variable:
             return entry[1]
     return None
+
+
+def owner_of(model: keras.Model) -> StepProtocol | None:
+    """The protocol whose scope made model's weights (None: none did, or it has none yet)."""
+    return owner_of_variables(model.weights)
 
 
 def needing_ownership() -> StepProtocol | None:

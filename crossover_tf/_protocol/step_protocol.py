@@ -25,6 +25,7 @@ from crossover_tf._communication.communicator import Communicator
 from crossover_tf._hold.custom_loop import DeviceHold
 from crossover_tf._hold.device_hold import run_holding_device
 from crossover_tf._nest import map_present
+from crossover_tf._protocol import gradient_sync
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
 
@@ -83,24 +84,27 @@ class StepProtocol:
         return DeviceHold(self.lease, self.step_end_reserve_s)
 
     # ----- the allreduce ---------------------------------------------------------------------
-    def allreduce_gradients(self, grads: Sequence[Any]) -> list[Any]:
-        """Averages gradients over the job's ranks (one grouped allreduce; None stays None).
-        A collective: call it with the device yielded."""
-        return self.comm.allreduce_gradients(grads, self.allreduce_device)
+    def allreduce_gradients(self, grads: Sequence[Any], mean: bool = True) -> list[Any]:
+        """Averages (mean=False: sums) gradients over the job's ranks (one grouped allreduce;
+        None stays None), and notes that this step synchronised its gradients
+        (gradient_sync: an optimizer update without it is refused). A collective: call it with
+        the device yielded."""
+        gradient_sync.note_synchronized(self)
+        return self.comm.allreduce_gradients(grads, self.allreduce_device, mean)
 
-    def allreduce_gradients_in_turn(self, grads: Sequence[Any]) -> list[Any]:
+    def allreduce_gradients_in_turn(self, grads: Sequence[Any], mean: bool = True) -> list[Any]:
         """allreduce_gradients, after the other jobs' earlier allreduces when the job takes
-        link turns (joining them on first use). The Keras step and the custom loop's tape both
-        call it between their yield and re-acquire, so the join, a collective of the job's
-        ranks, never runs with the device held."""
+        link turns (joining them on first use). The Keras step, the custom loop's tape and the
+        optimizer's reduction inside strategy.run call it between their yield and re-acquire,
+        so the join, a collective of the job's ranks, never runs with the device held."""
         link_turn = self.link_turn
         if link_turn is None:
-            return self.allreduce_gradients(grads)
+            return self.allreduce_gradients(grads, mean)
         with tf.init_scope():  # traced in a tf.function: join now, eagerly, not in the graph
             if not link_turn.joined:
                 self.join_link_turn()
         grads = map_present(link_turn.wait, list(grads))
-        return map_present(link_turn.done, self.allreduce_gradients(grads))
+        return map_present(link_turn.done, self.allreduce_gradients(grads, mean))
 
     # ----- the link turn's life --------------------------------------------------------------
     def join_link_turn(self) -> None:
