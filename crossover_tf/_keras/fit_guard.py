@@ -1,7 +1,8 @@
 """fit, evaluate and predict as a tf.distribute user expects them: a model made under
 strategy.scope() crosses and synchronises with no callback, a model made outside is refused
-where it would train apart, and a fit that ends any way at all ends out of the link turn and
-without the device.
+where it would train apart, file-writing callbacks given to every rank write the chief's files
+only (rank_files), and a fit that ends any way at all ends out of the link turn and without
+the device.
 
 Why the class: Keras 3's fit has no `finally`, so an error raised by a callback, or a Ctrl-C
 between steps, skips both on_train_end and the step function's guard (step_errors), and the
@@ -21,6 +22,7 @@ import keras
 
 from crossover_tf import callbacks as crossover_callbacks
 from crossover_tf._protocol import ownership
+from crossover_tf._keras import rank_files
 from crossover_tf._keras.install import install, installed_protocol
 
 _GUARDED = "_crossover_guarded"
@@ -50,14 +52,19 @@ def _fit(fit: Callable[..., Any], model: keras.Model, *args: Any, **kwargs: Any)
     good however it ends."""
     bound = inspect.signature(fit).bind(model, *args, **kwargs)
     given = list(bound.arguments.get("callbacks") or [])
-    if not any(isinstance(c, crossover_callbacks.CrossoverTrainStepCallback) for c in given):
+    crossing = [c.protocol for c in given
+                if isinstance(c, crossover_callbacks.CrossoverTrainStepCallback)]
+    if not crossing:
         owner = ownership.owner_of(model)
         if owner is not None:
             bound.arguments["callbacks"] = [*given, *crossover_callbacks.for_fit(owner)]
+            crossing = [owner]
         elif installed_protocol(model) is None and ownership.needing_ownership() is not None:
             raise ValueError(ownership.outside_scope_message("fit"))
+    rank = crossing[0].comm.rank if crossing else 0
     try:
-        return fit(*bound.args, **bound.kwargs)
+        with rank_files.written_by_the_chief(given, rank):
+            return fit(*bound.args, **bound.kwargs)
     finally:
         protocol = installed_protocol(model)
         if protocol is not None:

@@ -6,6 +6,7 @@ losses as Keras logged them on this rank, final weights, lease stats and timelin
   strategy_worker.py OUT --group G [--steps N] [--epochs E] [--reference] [--save DIR]
                      [--bad_xla] [--group_per_rank] [--link_turn P] [--job J] [--linger PATH]
                      [--no_callbacks] [--outside_scope]
+                     [--file_callbacks DIR] [--fail_at_epoch E] [--raise_on_rank R]
 """
 from __future__ import annotations
 
@@ -85,6 +86,13 @@ def main() -> None:
                         "strategy.callbacks(), as a MultiWorkerMirroredStrategy port does")
     parser.add_argument("--outside_scope", action="store_true", help="build the model outside "
                         "strategy.scope()")
+    parser.add_argument("--file_callbacks", default="", help="DIR: ModelCheckpoint, "
+                        "BackupAndRestore and TensorBoard into DIR on every rank, as the "
+                        "multi-worker tutorials give them")
+    parser.add_argument("--fail_at_epoch", type=int, default=-1,
+                        help="every rank raises when this epoch begins (a killed job)")
+    parser.add_argument("--raise_on_rank", type=int, default=-1,
+                        help="this rank alone raises when its second epoch begins")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(7)
@@ -121,10 +129,24 @@ def main() -> None:
         line_up = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: (
             wait_at_barrier(args.barrier, f"{group}-{rank}-{os.getpid()}")
             if args.barrier and batch == 0 and not record.losses[1:] else None))
+        epochs_run: list[int] = []
+
+        def epoch_begins(epoch: int, logs: dict | None) -> None:
+            epochs_run.append(epoch)
+            if epoch == args.fail_at_epoch or (epoch == 1 and rank == args.raise_on_rank):
+                raise RuntimeError(f"rank {rank} fails at epoch {epoch}")
+
+        files = ([keras.callbacks.ModelCheckpoint(os.path.join(args.file_callbacks,
+                                                                 "ckpt.keras")),
+                  keras.callbacks.BackupAndRestore(os.path.join(args.file_callbacks, "backup")),
+                  keras.callbacks.TensorBoard(os.path.join(args.file_callbacks, "logs"))]
+                 if args.file_callbacks else [])
         model.fit(strategy.distribute_dataset(global_dataset(args.steps // args.epochs)),
                   epochs=args.epochs, verbose=0,
                   callbacks=[*([] if args.no_callbacks else strategy.callbacks()), record,
-                             line_up])
+                             line_up, *files,
+                             keras.callbacks.LambdaCallback(on_epoch_begin=epoch_begins)])
+        result["epochs_run"] = epochs_run
         result["lease_stats"] = strategy.lease_stats()
         if strategy.taking_link_turns:
             result["link_turn_stats"] = strategy.link_turn_stats()
