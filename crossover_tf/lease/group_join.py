@@ -45,12 +45,17 @@ def validate_join_timeout(timeout_s: float) -> float:
     return timeout_s
 
 
+def _jobs_on(seen: Sequence[Member]) -> tuple[list[str], str]:
+    """The distinct job labels on a lease, and its members as a message names them."""
+    who = ", ".join(f"job {m.job!r} (pid {m.pid})" for m in sorted(seen, key=lambda m: m.job))
+    return sorted({m.job for m in seen}), who
+
+
 def group_incomplete_message(path: pathlib.Path, seen: Sequence[Member], expected: int,
                              timeout_s: float) -> str:
     """What GroupIncomplete says: the lease file, who was there, what was expected, the usual
     causes and the setting that fixes them."""
-    labels = sorted({m.job for m in seen})
-    who = ", ".join(f"job {m.job!r} (pid {m.pid})" for m in sorted(seen, key=lambda m: m.job))
+    labels, who = _jobs_on(seen)
     return (
         f"crossover lease: waited {timeout_s:g} s for {expected} jobs on lease file {path}, "
         f"but saw {len(labels)}: {who or 'none'}. The other jobs of the group are not on this "
@@ -71,8 +76,7 @@ def group_incomplete_message(path: pathlib.Path, seen: Sequence[Member], expecte
 def group_overfull_message(path: pathlib.Path, seen: Sequence[Member], expected: int,
                            timeout_s: float) -> str:
     """What GroupOverfull says: the lease file, every job on it, and what to change."""
-    labels = sorted({m.job for m in seen})
-    who = ", ".join(f"job {m.job!r} (pid {m.pid})" for m in sorted(seen, key=lambda m: m.job))
+    labels, who = _jobs_on(seen)
     return (
         f"crossover lease: the group declares {expected} job(s) (LeaseOptions.jobs), but "
         f"{len(labels)} stayed on lease file {path} for {timeout_s:g} s: {who}. More jobs "

@@ -19,7 +19,7 @@ import tracemalloc
 import pytest
 
 from conftest import REPO_ROOT
-from lease_helpers import wait_for
+from lease_helpers import real_holder
 from benchmarks.exporter_scrape import count_samples, forge_template, plant_forged_leases
 from crossover_tf.lease import segments
 
@@ -150,19 +150,9 @@ def test_exporter_counts_untrusted_names_apart_and_serves_the_real_lease(tmp_pat
     each refused by the core) and counted the 10,000 planted names as 1,000 skipped files; no
     metric told planted names from leases it could not read. Now names that fail the trust
     rule are never read and are counted in crossover_lease_exporter_untrusted_files."""
-    leases = tmp_path / "shm"
-    leases.mkdir()
-    leases.chmod(0o1777)
-    env = {**child_env, segments.LEASE_DIR_ENV: str(leases)}
-    holder = subprocess.Popen([str(lease_cli), "hold", lease_group, "dev",
-                               str(tmp_path / "ready")], env={**env, "CROSSOVER_LEASE_JOB": "real"})
-    try:
-        wait_for((tmp_path / "ready").exists, 30, "the holder")
+    with real_holder(tmp_path, lease_group, lease_cli, child_env) as (leases, _, _):
         _plant_untrusted(leases, 10_000)
         _, samples = scrape(leases)
-    finally:
-        holder.kill()
-        holder.wait()
     assert sample(samples, "crossover_lease_exporter_leases") == 1
     assert sample(samples, "crossover_lease_exporter_untrusted_files") == 10_000
     assert sample(samples, "crossover_lease_exporter_skipped_files") == 10_000
@@ -176,26 +166,16 @@ def test_status_shows_the_real_lease_among_10000_planted_names(tmp_path, lease_g
     """Before: status showed the real lease, then 999 lines naming planted files one by one
     and one line for the 9,001 not shown. Now the names that fail the trust rule are counted
     apart from the leases, the first few named with the core's reason."""
-    leases = tmp_path / "shm"
-    leases.mkdir()
-    leases.chmod(0o1777)
-    env = {**child_env, segments.LEASE_DIR_ENV: str(leases)}
-    holder = subprocess.Popen([str(lease_cli), "hold", lease_group, "dev",
-                               str(tmp_path / "ready")], env={**env, "CROSSOVER_LEASE_JOB": "real"})
-    try:
-        wait_for((tmp_path / "ready").exists, 30, "the holder")
+    with real_holder(tmp_path, lease_group, lease_cli, child_env) as (leases, env, holder_pid):
         _plant_untrusted(leases, 10_000)
         shown = subprocess.run([sys.executable, "-m", "crossover_tf.lease", "status"],
                                capture_output=True, text=True, timeout=120, env=env,
                                cwd=REPO_ROOT)
-    finally:
-        holder.kill()
-        holder.wait()
     text = shown.stdout
     assert shown.returncode == 1, shown
     real = segments.segment_path(lease_group, "dev", leases)
     assert text.startswith(f"lease {real}\n"), text[:2000]
-    assert f"holder: job real  pid {holder.pid}" in text, text[:2000]
+    assert f"holder: job real  pid {holder_pid}" in text, text[:2000]
     assert "10000 name(s) that fail the trust rule" in text, text[-3000:]
     assert f"{leases.resolve()}/crossover.a00000.dev: " in text, text[-3000:]
     assert "has permissions 0666" in text, text[-3000:]

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import REPO_ROOT
-from lease_helpers import exporter, scrape, value, wait_for
+from lease_helpers import exporter, real_holder, scrape, value, wait_for
 from crossover_tf.lease import segments
 from crossover_tf.node import exporter_metrics
 
@@ -145,22 +145,12 @@ def test_exporter_skips_untrusted_files_and_serves_the_rest(tmp_path, lease_grou
                                                             child_env):
     """A file another user could have planted (0666 in a sticky world-writable directory, as
     /dev/shm) is skipped and counted; the real lease beside it is served."""
-    leases = tmp_path / "shm"
-    leases.mkdir()
-    leases.chmod(0o1777)
-    env = {**child_env, segments.LEASE_DIR_ENV: str(leases)}
-    holder = subprocess.Popen([str(lease_cli), "hold", lease_group, "dev",
-                               str(tmp_path / "ready")], env={**env, "CROSSOVER_LEASE_JOB": "real"})
-    try:
-        wait_for((tmp_path / "ready").exists, 30, "the holder")
+    with real_holder(tmp_path, lease_group, lease_cli, child_env) as (leases, env, _):
         planted = leases / "crossover.planted.dev"
         planted.write_bytes(segments.segment_path(lease_group, "dev", leases).read_bytes())
         planted.chmod(0o666)
         with exporter(leases, env) as port:
             samples = scrape(port)
-    finally:
-        holder.kill()
-        holder.wait()
     assert value(samples, "crossover_lease_exporter_skipped_files") == 1
     assert value(samples, "crossover_lease_exporter_leases") == 1
     assert value(samples, "crossover_lease_holding", crossover_job="real", group=lease_group,

@@ -104,3 +104,24 @@ def exporter(lease_dir: pathlib.Path, env: dict[str, str]) -> Iterator[int]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def real_holder(tmp_path: pathlib.Path, group: str, lease_cli: pathlib.Path,
+                env: dict[str, str]) -> Iterator[tuple[pathlib.Path, dict[str, str], int]]:
+    """A sticky world-writable lease directory like /dev/shm (anyone may plant names there)
+    with job "real" holding its "dev" lease: yields the directory, the environment that names
+    it, and the holder's pid; the holder is killed on the way out."""
+    leases = tmp_path / "shm"
+    leases.mkdir()
+    leases.chmod(0o1777)
+    env = {**env, "CROSSOVER_LEASE_DIR": str(leases)}
+    holder = subprocess.Popen([str(lease_cli), "hold", group, "dev", str(tmp_path / "ready")],
+                              env={**env, "CROSSOVER_LEASE_JOB": "real"})
+    try:
+        wait_for((tmp_path / "ready").exists, 30, "the holder")
+        yield leases, env, holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
