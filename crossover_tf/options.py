@@ -9,7 +9,8 @@ there, before Horovod or TensorFlow start."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import os
+from typing import Any, Mapping
 
 from crossover_tf.lease import segments
 from crossover_tf.lease.device_lease import (validate_priority, validate_reserve,
@@ -146,17 +147,50 @@ class LinkTurnOptions:
 
 # The libraries that can move a job's bytes (crossover_tf/_communication/, one module each).
 BACKENDS = ("horovod", "tensorflow")
+# What CommunicationOptions.backend takes: a library by name, or "auto" (resolve_backend).
+BACKEND_CHOICES = ("auto", *BACKENDS)
+# What a launcher of Horovod ranks puts in each rank's environment: horovodrun's Gloo mode
+# sets HOROVOD_RANK; its MPI mode starts the ranks with mpirun, whose ranks have Open MPI's
+# OMPI_COMM_WORLD_RANK or MPICH's and Intel MPI's PMI_RANK. Slurm's srun --mpi=pmi2 sets
+# PMI_RANK as well, for steps of either backend, so PMI_RANK counts only outside a Slurm step.
+HOROVOD_LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK")
+MPI_PMI_ENV = "PMI_RANK"
+
+
+def resolve_backend(backend: str, env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(the backend a CommunicationOptions.backend means in this process, why). A library
+    named stays as it is. "auto" is Horovod when this process is a rank that horovodrun (or
+    the mpirun it runs) started, and TensorFlow's collectives otherwise: ranks from TF_CONFIG
+    (`python -m crossover_tf.launch`, a TFJob), a Slurm step, or one rank alone. Why "auto"
+    rather than TensorFlow outright: under horovodrun TensorFlow's collectives would find no
+    cluster and every rank would train alone, without a word; "auto" keeps those jobs Horovod
+    jobs while everything else needs no Horovod install."""
+    if backend != "auto":
+        return backend, "asked for"
+    env = os.environ if env is None else env
+    for name in HOROVOD_LAUNCHER_ENV:
+        if env.get(name) is not None:
+            return "horovod", f"{name} is set: a rank that horovodrun or mpirun started"
+    if env.get(MPI_PMI_ENV) is not None and env.get("SLURM_PROCID") is None:
+        return "horovod", f"{MPI_PMI_ENV} is set outside Slurm: a rank that mpirun started"
+    if env.get("TF_CONFIG"):
+        return "tensorflow", "no horovodrun; the ranks come from TF_CONFIG"
+    return "tensorflow", ("no horovodrun; the ranks come from Slurm's step, or this process "
+                          "is the job's one rank")
 
 
 @dataclasses.dataclass(frozen=True)
 class CommunicationOptions:
-    """How the job's ranks talk: Horovod (the default) or TensorFlow's own collectives.
+    """How the job's ranks talk: Horovod or TensorFlow's own collectives.
 
     Settings one backend would ignore are refused for the other (compression, init_horovod
-    and allreduce_on="device" are Horovod's; cluster_resolver is TensorFlow's).
+    and allreduce_on="device" are Horovod's; cluster_resolver is TensorFlow's), and with
+    "auto", which could pick either, they need the backend named.
 
     Args:
-      backend: "horovod" (ranks from horovodrun, Gloo or NCCL) or "tensorflow" (ranks from
+      backend: "auto" (the default: Horovod in a rank that horovodrun started, TensorFlow's
+        collectives otherwise; resolve_backend says how it decides, and the strategy logs what
+        it picked), "horovod" (ranks from horovodrun, Gloo or NCCL) or "tensorflow" (ranks from
         TF_CONFIG, Slurm's resolver or a TFJob; `python -m crossover_tf.launch` starts local
         ones). The crossing protocol is the same under both.
       compression: Horovod gradient compression (hvd.Compression.none, the default, or .fp16);
@@ -168,10 +202,11 @@ class CommunicationOptions:
         initialised.
       cluster_resolver: the tensorflow backend's cluster (a tf.distribute cluster resolver);
         None reads TF_CONFIG, else Slurm's environment, else runs one rank.
-      collective_timeout_s: the tensorflow backend's longest wait in one collective: a peer
-        that died fails the job after it instead of hanging it.
+      collective_timeout_s: the tensorflow backend's longest wait in one collective (a peer
+        that died fails the job after it instead of hanging it), and its ranks' longest wait
+        for each other at exit.
     """
-    backend: str = "horovod"
+    backend: str = "auto"
     compression: Any = None
     allreduce_on: str = "auto"
     init_horovod: bool = True
@@ -179,25 +214,34 @@ class CommunicationOptions:
     collective_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
+        if self.backend not in BACKEND_CHOICES:
             raise ValueError(f"crossover_tf: CommunicationOptions.backend must be one of "
-                             f"{BACKENDS}, got {self.backend!r}")
+                             f"{BACKEND_CHOICES}, got {self.backend!r}")
         if self.allreduce_on not in ALLREDUCE_PLACEMENTS:
             raise ValueError(f"crossover_tf: allreduce_on must be one of "
                              f"{ALLREDUCE_PLACEMENTS}, got {self.allreduce_on!r}")
+        # What to say when a setting of one library meets another choice.
+        unless_horovod = ("name backend='horovod' with it (backend='auto' picks TensorFlow's "
+                          "collectives outside horovodrun)" if self.backend == "auto" else "")
         if self.backend != "horovod" and self.compression is not None:
-            raise ValueError("crossover_tf: gradient compression is Horovod's; the "
-                             f"{self.backend} backend sends gradients as they are")
+            raise ValueError("crossover_tf: gradient compression is Horovod's; " + (
+                unless_horovod or f"the {self.backend} backend sends gradients as they are"))
         if self.backend != "horovod" and self.allreduce_on == "device":
-            raise ValueError("crossover_tf: allreduce_on='device' needs backend='horovod'; "
-                             f"the {self.backend} backend's collectives run in host memory")
+            raise ValueError("crossover_tf: allreduce_on='device' needs backend='horovod'; " + (
+                unless_horovod
+                or f"the {self.backend} backend's collectives run in host memory"))
         if self.backend != "horovod" and self.init_horovod is not True:
-            raise ValueError("crossover_tf: init_horovod is Horovod's; the "
-                             f"{self.backend} backend starts its own collectives")
+            raise ValueError("crossover_tf: init_horovod is Horovod's; " + (
+                unless_horovod or f"the {self.backend} backend starts its own collectives"))
         if self.backend != "tensorflow" and self.cluster_resolver is not None:
-            raise ValueError("crossover_tf: cluster_resolver is for backend='tensorflow'; "
-                             "Horovod's ranks come from horovodrun")
+            raise ValueError("crossover_tf: cluster_resolver is for backend='tensorflow'; " + (
+                "name that backend with it (backend='auto' picks Horovod under horovodrun)"
+                if self.backend == "auto" else "Horovod's ranks come from horovodrun"))
         validate_timeout(self.collective_timeout_s)
+
+    def resolved_backend(self, env: Mapping[str, str] | None = None) -> str:
+        """The library this process uses: backend, with "auto" resolved (resolve_backend)."""
+        return resolve_backend(self.backend, env)[0]
 
 
 def validate_micro_batches(micro_batches: Any) -> None:

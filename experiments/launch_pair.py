@@ -53,7 +53,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "Measure host0->host1 TCP rate before the jobs.")
     define(flags.DEFINE_enum, "backend", "horovod",
            "How the ranks find each other: Horovod's rendezvous, or TF_CONFIG for "
-           "CommunicationOptions(backend='tensorflow') (give the jobs --backend=tensorflow too).",
+           "CommunicationOptions(backend='tensorflow') (jobs with the default backend, auto, "
+           "follow it).",
            enum_values=["horovod", "tensorflow"])
     define(flags.DEFINE_string, "result_json", None, "Also write the result dict to this file.")
 

@@ -73,10 +73,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
            "for the group's other jobs.")
     define(flags.DEFINE_string, "lease_dir", "", "Directory of the lease segments, seen by "
            "every job of the group (empty: $CROSSOVER_LEASE_DIR, else /dev/shm).")
-    define(flags.DEFINE_enum, "backend", "horovod",
+    define(flags.DEFINE_enum, "backend", "auto",
            "Communication backend: Horovod (ranks from horovodrun) or TensorFlow's collectives "
-           "(ranks from TF_CONFIG, Slurm, or python -m crossover_tf.launch).",
-           enum_values=["horovod", "tensorflow"])
+           "(ranks from TF_CONFIG, Slurm, or python -m crossover_tf.launch); auto: Horovod in "
+           "a rank that horovodrun started, TensorFlow's collectives otherwise.",
+           enum_values=["auto", "horovod", "tensorflow"])
     define(flags.DEFINE_string, "horovod_timeline", "", "Write Horovod's timeline (rank 0, "
            "chrome://tracing JSON) to this file; analysis/horovod_timeline.py reads it.")
 
@@ -112,8 +113,9 @@ def validate(c: Any) -> None:
                        "link_turn orders a crossover group's allreduces: set --group too")
     config_lib.require(c.backend == "horovod" or (c.compression == "none"
                                                   and not c.horovod_timeline),
-                       "--compression and --horovod_timeline are Horovod's; "
-                       "--backend=tensorflow has neither")
+                       "--compression and --horovod_timeline are Horovod's: give "
+                       "--backend=horovod with them (TensorFlow's collectives, which "
+                       "--backend=auto picks outside horovodrun, have neither)")
     _options(c)  # the strategy's option groups refuse what would be dropped or cannot work
 
 
@@ -222,12 +224,12 @@ def _options(c: types.SimpleNamespace) -> dict[str, Any]:
 
 def _strategy(c: types.SimpleNamespace) -> Any:
     import crossover_tf
-    if c.backend == "tensorflow":
-        communication = crossover_tf.CommunicationOptions(backend="tensorflow")
+    if c.backend != "horovod":  # "tensorflow", or "auto" (which logs what it picks)
+        communication = crossover_tf.CommunicationOptions(backend=c.backend)
     else:
         import horovod.tensorflow as hvd
         communication = crossover_tf.CommunicationOptions(
-            compression=hvd.Compression.fp16 if c.compression == "fp16"
+            backend="horovod", compression=hvd.Compression.fp16 if c.compression == "fp16"
             else hvd.Compression.none)
     return crossover_tf.CrossoverStrategy(c.group, communication=communication, **_options(c))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -88,6 +89,11 @@ def horovodrun_command(num_proc: int, *command: str) -> list[str]:
 
 
 BACKENDS = ("horovod", "tensorflow")  # CommunicationOptions.backend; tests cross under both
+
+
+# A glog error line of a rank behind the launcher's prefix ("[1]: E0000 00:00:..."): a run that
+# succeeded prints none (issue 51).
+ERROR_LINE = re.compile(r"^\[\d+\]: E\d{4} ", re.MULTILINE)
 
 
 def launch_command(backend: str, num_proc: int, *command: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""Horovod as the job's communication backend (the default): the runtime's one import of
-Horovod (communicator.py says what a backend provides).
+"""Horovod as the job's communication backend (what backend="auto" picks in a rank of
+horovodrun): the runtime's one import of Horovod (communicator.py says what a backend provides).
 
 Only Horovod's TensorFlow ops are used (grouped_allreduce, broadcast, allgather_object):
 horovod.keras does not support Keras 3 (horovod issue 4290).

@@ -13,6 +13,14 @@ runs one CollectiveReduceV2 per dtype, as Horovod's tensor fusion does. Collecti
 memory unless the caller names a GPU (allreduce_on="host" is what a crossover group on a GPU
 uses anyway; options refuses "device" for this backend rather than ignore it).
 
+The ranks leave together (_leave_together, at exit). TensorFlow's coordination service, on
+task 0, takes a task that stops sending heartbeats for one that crashed, and a task whose
+leader is gone fails its next heartbeat; both log it as an error (`E... tasks are unhealthy`,
+`Connection refused`) even when every rank succeeded. Python exits without shutting the
+service's agent down, so a rank done well before its peers (rank 0 saving a model, say) made
+every such run end with those lines. A rank that leaves on an uncaught exception does not wait:
+its peers then fail at once, naming it, as before.
+
 What every rank must do alike: TensorFlow matches collectives by instance key, and the keys
 come from a counter as each rank builds its collectives, as MultiWorkerMirroredStrategy's do
 (Horovod matches by name instead). Every rank must therefore trace the same steps in the same
@@ -23,14 +31,17 @@ keep the traces alike.
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import itertools
 import os
 import pickle
+import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.core.protobuf import tensorflow_server_pb2
 from tensorflow.python.distribute import multi_worker_util
@@ -42,6 +53,7 @@ from crossover_tf._communication.communicator import Communicator
 # collective, and a later one on another type fails the group ("incompatible device type").
 _HOST_GROUP_KEY, _GPU_GROUP_KEY = 1, 2
 _COORDINATED_JOBS = ("chief", "worker")
+_EXIT_BARRIER = "crossover_tf/exit"
 
 
 class ClusterError(RuntimeError):
@@ -120,6 +132,7 @@ class TensorFlowCommunicator(Communicator):
         if self._server is not None:
             _start_server(*self._server)
             self._server = None
+            atexit.register(_leave_together, os.getpid(), self.timeout_s)
 
     def __repr__(self) -> str:
         return f"TensorFlowCommunicator(rank={self.rank}, size={self.size})"
@@ -208,6 +221,23 @@ class TensorFlowCommunicator(Communicator):
                 input=tensor, group_size=self.size, group_key=group_key,
                 instance_key=next(self._keys), ordering_token=[], communication_hint="ring",
                 timeout_seconds=self.timeout_s, name=name)
+
+
+def _leave_together(pid: int, timeout_s: float) -> None:
+    """At exit: waits (up to timeout_s, the collectives' own bound) until every rank of the job
+    is exiting too, so that no task outlives another by a heartbeat: the coordination service
+    then logs no error on a run that succeeded (module docstring). A rank failing with an
+    uncaught exception leaves at once instead: its peers, perhaps waiting for it in a
+    collective, fail now, naming it, rather than after the timeout."""
+    if os.getpid() != pid:  # a forked child that inherited the hook is no rank
+        return
+    if getattr(sys, "last_value", None) is not None:  # set before atexit runs, by the traceback
+        return
+    try:
+        context.context().wait_at_barrier(_EXIT_BARRIER, int(timeout_s * 1000))
+    except Exception as err:  # a peer that failed, is gone or is late: leave anyway
+        logging.warning("crossover_tf: leaving without every rank (waited at exit up to %s s: "
+                        "%s)", timeout_s, (str(err).splitlines() or [type(err).__name__])[0])
 
 
 def _placement(device: str | None) -> tuple[str, int]:

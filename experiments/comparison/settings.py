@@ -18,7 +18,7 @@ MAX_SWEEP_POINTS = 8
 # comparison's defaults (None: train.py's).
 TRAINING = {"model": "resnet20", "dataset": "synthetic:cifar10", "global_batch_size": 128,
             "steps": 40, "warmup_steps": 10, "learning_rate": None, "jit_compile": None,
-            "backend": None}
+            "backend": "horovod"}
 # launch_pair.py's flags the comparison's cluster is built with, likewise.
 CLUSTER = {"bandwidth_mbit": None, "latency_ms": None, "num_hosts": None, "timeout_s": 900.0,
            "force_localhost": None}
@@ -106,6 +106,8 @@ def validate(c: Any) -> None:
     require(c.steps - c.warmup_steps >= 10, "need at least 10 timed steps")
     require(c.contention_probe_seconds >= 2.0,
             "contention_probe_seconds must be >= 2 (the probe's shortest run)")
+    require(c.backend != "auto", "--backend must name horovod or tensorflow: the comparison "
+            "starts every rank itself, by that backend's launcher")
     require(c.backend == "horovod" or not c.horovod_timelines,
             "--horovod_timelines needs --backend=horovod (TensorFlow's collectives write none)")
     _validate_scenarios(c)

@@ -36,6 +36,7 @@ def _flags():
     ({"warmup_steps": 50, "steps": 50}, "warmup_steps must be in"),
     ({"stepz": 3}, "unknown setting(s) ['stepz']"),
     ({"group": "g", "link_turn": 0, "priority": "primary"}, "cannot be combined with link_turn"),
+    ({"backend": "auto", "compression": "fp16"}, "Horovod's: give --backend=horovod with them"),
 ])
 def test_train_rejects_bad_settings_clearly(overrides, message):
     with pytest.raises(ValueError) as err:
@@ -60,6 +61,8 @@ def test_compare_rejects_bad_settings_clearly():
         compare.run(overrides={"num_hosts": 1})
     with pytest.raises(ValueError, match="--horovod_timelines needs --backend=horovod"):
         compare.run(overrides={"backend": "tensorflow", "horovod_timelines": True})
+    with pytest.raises(ValueError, match="--backend must name horovod or tensorflow"):
+        compare.run(overrides={"backend": "auto"})
 
 
 def _fake_stats(ends_ms: list[float], batch: int = 10, **fields) -> JobStats:

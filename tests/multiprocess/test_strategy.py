@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (BACKENDS, WORKERS, horovodrun_command, launch_command, run_alongside,
-                      run_bounded)
+from conftest import (BACKENDS, ERROR_LINE, WORKERS, horovodrun_command, launch_command,
+                      run_alongside, run_bounded)
 from crossover_tf.profiling import phases as timeline
 from step_crossings import overlap_steps
 
@@ -91,6 +91,49 @@ def test_crossed_pair_trains_like_solo_and_single_process(tmp_path, lease_group,
     restored = keras.models.load_model(tmp_path / "model.keras")
     for w_saved, w_trained in zip(restored.get_weights(), crossed_a[0]["weights"]):
         np.testing.assert_allclose(w_saved, w_trained)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_crossed_jobs_with_no_backend_option_under_the_launcher_use_tensorflows_collectives(
+        tmp_path, lease_group, child_env):
+    """Issue 51: with no backend option, jobs that `python -m crossover_tf.launch` starts cross
+    through TensorFlow's collectives (backend "auto"; Horovod only under horovodrun), each job
+    one world of two ranks, and end without error lines."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    crossed = ["--group", lease_group, "--steps", str(STEPS), "--barrier", f"{barrier}:4",
+               "--jobs", "2", "--backend", "default", "--fit_only"]
+    for result in run_alongside(
+            launch_command("tensorflow", 2, sys.executable, WORKER,
+                           str(tmp_path / "a_RANK.json"), *crossed),
+            launch_command("tensorflow", 2, sys.executable, WORKER,
+                           str(tmp_path / "b_RANK.json"), *crossed), child_env, timeout=240):
+        _check(result)
+        assert not ERROR_LINE.findall(result.stdout), result.stdout[-4000:]
+    a, b = _load(tmp_path, "a", 2), _load(tmp_path, "b", 2)
+    for rank_a, rank_b in zip(a, b):
+        for rank in (rank_a, rank_b):
+            assert (rank["size"], rank["communicator"]) == (2, "TensorFlowCommunicator"), rank
+            assert rank["lease_stats"]["acquires"] == 2 * STEPS, rank["lease_stats"]
+        # One job's ranks agree; the two jobs train the same model on the same data.
+        for w_a, w_a0, w_b in zip(rank_a["weights"], a[0]["weights"], rank_b["weights"]):
+            np.testing.assert_array_equal(w_a, w_a0)
+            np.testing.assert_allclose(w_a, w_b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_script_with_no_backend_option_started_alone_is_one_rank(tmp_path, child_env):
+    """Issue 51: no launcher (no TF_CONFIG, no horovodrun, no Slurm step) and no backend
+    option: one rank of TensorFlow's collectives, no Horovod needed."""
+    env = {k: v for k, v in child_env.items() if k != "TF_CONFIG"
+           and not k.startswith(("HOROVOD_", "OMPI_", "PMI_", "SLURM_"))}
+    _check(run_bounded([sys.executable, WORKER, str(tmp_path / "one_RANK.json"), "--steps", "4",
+                        "--backend", "default", "--fit_only"], env, 180))
+    (one,) = _load(tmp_path, "one", 1)
+    assert (one["size"], one["communicator"]) == (1, "TensorFlowCommunicator"), one
+    assert len(one["losses"]) == 4 and all(np.isfinite(one["losses"]))
 
 
 @pytest.mark.multiprocess
@@ -188,7 +231,8 @@ def test_uninitialised_horovod_is_a_clear_error():
         hvd.shutdown()
     with pytest.raises(RuntimeError, match="Horovod is not initialised"):
         crossover_tf.CrossoverStrategy(
-            "g", communication=crossover_tf.CommunicationOptions(init_horovod=False))
+            "g", communication=crossover_tf.CommunicationOptions(backend="horovod",
+                                                                 init_horovod=False))
 
 
 def test_single_process_surface():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import WORKERS
+from conftest import ERROR_LINE, WORKERS, launch_command, run_bounded
 from crossover_tf import CommunicationOptions
 from crossover_tf.launch import free_ports, tf_configs
 
@@ -88,3 +88,37 @@ def test_a_peer_that_dies_or_stops_fails_the_collective_instead_of_hanging(
     record, _ = _run_pair(tmp_path, "--peer", peer, "--timeout_s", "10")
     assert record["steps"] == 5 and record["error"] in errors, record
     assert record["elapsed_s"] < 60, record
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("linger_rank", [0, 1], ids=["leader_leaves_last", "peer_leaves_last"])
+def test_a_successful_run_ends_without_error_lines(tmp_path, child_env, linger_rank):
+    """Issue 51: one rank stays 13 s after its work (rank 0 saving a model, say). Before, the
+    coordination service took the rank that left first for a crashed one (`E... tasks are
+    unhealthy`), or the one left behind failed its heartbeat to the gone leader (`E...
+    Connection refused`), on a run that succeeded. Now the ranks leave together (waiting for
+    each other at exit up to the collectives' timeout, 60 s here)."""
+    result = run_bounded(launch_command(
+        "tensorflow", 2, sys.executable, WORKER, str(tmp_path / "r_RANK.json"), "--steps", "3",
+        "--timeout_s", "60", "--linger_rank", str(linger_rank), "--linger_s", "13"), child_env,
+        180)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert json.loads((tmp_path / "r_1.json").read_text())["steps"] == 3
+    assert not ERROR_LINE.findall(result.stdout), result.stdout[-4000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_failed_run_still_names_its_cause_and_ends_promptly(tmp_path, child_env):
+    """A rank that raises leaves at once, without waiting for its peers at exit: the job fails
+    with the rank's own error, long before the collectives' timeout (60 s here) would end it."""
+    start = time.monotonic()
+    result = run_bounded(launch_command(
+        "tensorflow", 2, sys.executable, WORKER, str(tmp_path / "r_RANK.json"), "--peer",
+        "raise", "--timeout_s", "60"), child_env, 180)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1, result.stdout[-4000:]
+    assert "RuntimeError: rank 1 fails on purpose at step 5" in result.stdout, \
+        result.stdout[-4000:]
+    assert elapsed < 55, (elapsed, result.stdout[-4000:])

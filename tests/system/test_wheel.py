@@ -215,7 +215,8 @@ def test_a_venv_without_horovod_crosses_a_pair_with_tensorflow_collectives(
             stats = rank["lease_stats"]
             assert stats["acquires"] == 2 * STEPS and not stats["held"], stats
 
-    asked = subprocess.run([python, "-c", "import crossover_tf; crossover_tf.CrossoverStrategy()"],
+    asked = subprocess.run([python, "-c", "import crossover_tf; crossover_tf.CrossoverStrategy("
+                            "communication=crossover_tf.CommunicationOptions(backend='horovod'))"],
                            env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
     assert asked.returncode != 0
     last = asked.stderr.strip().splitlines()[-1]

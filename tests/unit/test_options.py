@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import logging
 import pathlib
 
 import pytest
@@ -84,7 +85,62 @@ def test_link_turn_options_and_their_combination():
 def test_communication_options_check_placement():
     with pytest.raises(ValueError, match="allreduce_on must be one of"):
         CommunicationOptions(allreduce_on="gpu")
-    CommunicationOptions(allreduce_on="device")  # Horovod: NCCL next to the gradients
+    # Horovod: NCCL next to the gradients
+    CommunicationOptions(backend="horovod", allreduce_on="device")
+
+
+@pytest.mark.parametrize("env, backend", [
+    ({}, "tensorflow"),  # started alone: the job's one rank
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1"]}}'}, "tensorflow"),  # launch, TFJob
+    ({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2"}, "tensorflow"),  # a Slurm step
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "SLURM_PROCID": "1"}, "tensorflow"),  # srun --mpi=pmi2
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}, "horovod"),  # horovodrun --gloo
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "TF_CONFIG": "{}"}, "horovod"),  # a leftover
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, "horovod"),  # Open MPI's mpirun
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "horovod"),  # MPICH's or Intel MPI's mpirun
+])
+def test_auto_backend_is_horovod_in_a_rank_horovodrun_started_and_tensorflow_elsewhere(
+        env, backend):
+    """Issue 51: "auto" is the default; it picks by what started the rank, and a backend named
+    stays named wherever it runs."""
+    assert CommunicationOptions().backend == "auto"
+    assert options.resolve_backend("auto", env)[0] == backend
+    assert CommunicationOptions().resolved_backend(env) == backend
+    for named in options.BACKENDS:
+        assert CommunicationOptions(backend=named).resolved_backend(env) == named
+
+
+def test_auto_backend_reads_the_variables_horovodrun_really_sets():
+    """What horovodrun --gloo puts in a rank's environment, from its own code."""
+    pytest.importorskip("horovod")
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+    for slot in get_host_assignments(parse_hosts("localhost:2"), 2):
+        env = {**create_run_env_vars("127.0.0.1", ["lo"], 12345), **create_slot_env_vars(slot)}
+        assert options.resolve_backend("auto", env)[0] == "horovod", env
+
+
+def test_what_auto_picked_is_logged_and_a_named_backend_is_not(caplog):
+    from crossover_tf._communication import chosen_backend
+    caplog.set_level(logging.INFO, logger="absl")
+    assert chosen_backend(CommunicationOptions(), {"HOROVOD_RANK": "0"}) == "horovod"
+    assert "backend 'auto' picked horovod (HOROVOD_RANK is set" in caplog.text
+    caplog.clear()
+    assert chosen_backend(CommunicationOptions(backend="tensorflow"),
+                          {"HOROVOD_RANK": "0"}) == "tensorflow"
+    assert "picked" not in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"compression": object()}, "compression is Horovod's; name backend='horovod'"),
+    ({"allreduce_on": "device"}, "needs backend='horovod'; name backend='horovod'"),
+    ({"init_horovod": False}, "init_horovod is Horovod's; name backend='horovod'"),
+    ({"cluster_resolver": object()}, "cluster_resolver is for backend='tensorflow'; name"),
+])
+def test_auto_backend_needs_the_backend_named_with_a_setting_of_one_backend(kwargs, match):
+    """Under "auto" such a setting would be dropped wherever auto picks the other library."""
+    with pytest.raises(ValueError, match=match):
+        CommunicationOptions(**kwargs)
 
 
 def test_communication_options_refuse_what_the_tensorflow_backend_would_ignore():

@@ -1,8 +1,10 @@
 """One rank of a TensorFlow-collectives job for tests/multiprocess/test_tensorflow_backend.py:
-allreduces in a loop through the runtime's communicator; rank 1 dies (or stops) at step 5 when
-asked, and rank 0 reports how its collective ended and after how long.
+allreduces in a loop through the runtime's communicator; rank 1 dies (or stops, or raises) at
+step 5 when asked, and rank 0 reports how its collective ended and after how long. With
+--linger_rank R, rank R stays --linger_s seconds after its work (rank 0 saving a model, say).
 
-  collective_worker.py OUT [--peer exit|stop] [--timeout_s T]
+  collective_worker.py OUT [--peer exit|stop|raise] [--timeout_s T] [--steps N]
+                       [--linger_rank R --linger_s S]
 """
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ FAIL_AT = 5
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--peer", choices=["exit", "stop"], default=None)
+    parser.add_argument("--peer", choices=["exit", "stop", "raise"], default=None)
     parser.add_argument("--timeout_s", type=float, default=10.0)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--linger_rank", type=int, default=-1)
+    parser.add_argument("--linger_s", type=float, default=0.0)
     args = parser.parse_args()
     comm = TensorFlowCommunicator(timeout_s=args.timeout_s)
     comm.start()
@@ -36,6 +40,8 @@ def main() -> None:
         if args.peer and comm.rank == 1 and i == FAIL_AT:
             if args.peer == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if args.peer == "raise":
+                raise RuntimeError(f"rank 1 fails on purpose at step {i}")
             os._exit(9)
         try:
             value = float(step(tf.fill([1000], float(comm.rank + 1))).numpy()[0])
@@ -52,6 +58,8 @@ def main() -> None:
                                                    "gather")
     with open(args.out.replace("RANK", str(comm.rank)), "w") as f:
         json.dump(record, f)
+    if comm.rank == args.linger_rank:
+        time.sleep(args.linger_s)
 
 
 if __name__ == "__main__":

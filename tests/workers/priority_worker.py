@@ -2,6 +2,7 @@
 a given priority and micro-batching, and writes its losses, weights and lease timeline.
 
   priority_worker.py OUT --group G --priority P --micro_batches N [--steps S] [--barrier D:C]
+                     [--backend horovod|tensorflow|auto]
 """
 from __future__ import annotations
 
@@ -30,9 +31,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--barrier", default="")
+    # Horovod, as the tests were written for: a one-rank job's allreduce is then a real op in
+    # the step, which the primary's timeline gives the secondary its chance in.
+    parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend")
     args = parser.parse_args()
     strategy = crossover_tf.CrossoverStrategy(
-        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, priority=args.priority))
+        args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, priority=args.priority),
+        communication=crossover_tf.CommunicationOptions(backend=args.backend))
     keras.utils.set_random_seed(1)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * args.steps, FEATURES)).astype("float32")

@@ -5,7 +5,7 @@ losses as Keras logged them on this rank, final weights, lease stats and timelin
 
   strategy_worker.py OUT --group G [--steps N] [--epochs E] [--reference] [--save DIR]
                      [--bad_xla] [--group_per_rank] [--link_turn P] [--job J] [--linger PATH]
-                     [--no_callbacks] [--outside_scope]
+                     [--no_callbacks] [--outside_scope] [--backend horovod|tensorflow|default]
                      [--file_callbacks DIR] [--fail_at_epoch E] [--raise_on_rank R]
 """
 from __future__ import annotations
@@ -79,7 +79,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="--steps split over this many")
     parser.add_argument("--link_turn", type=int, default=None, help="position of 2 jobs")
     parser.add_argument("--job", default="", help="the job's label on the lease")
-    parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend")
+    parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend "
+                        "('default': none given, the library's default decides)")
     parser.add_argument("--linger", default="", help="after writing OUT, stay on the lease "
                         "(holding nothing) until this file exists, for at most 120 s")
     parser.add_argument("--no_callbacks", action="store_true", help="fit without "
@@ -115,9 +116,11 @@ def main() -> None:
                                                    job=args.job or None),
             link_turn=(None if args.link_turn is None
                        else crossover_tf.LinkTurnOptions(position=args.link_turn)),
-            communication=crossover_tf.CommunicationOptions(backend=args.backend,
-                                                            collective_timeout_s=120))
+            communication=crossover_tf.CommunicationOptions(
+                **({} if args.backend == "default" else {"backend": args.backend}),
+                collective_timeout_s=120))
         rank = strategy.rank
+        result.update(size=strategy.size, communicator=type(strategy.extended.comm).__name__)
         keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
         if args.outside_scope:
             model = build_model(args.bad_xla)
