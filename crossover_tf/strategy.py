@@ -26,7 +26,7 @@ from crossover_tf._protocol import ownership
 from crossover_tf._keras.fit_guard import guard_fit
 from crossover_tf import lease as lease_lib
 from crossover_tf._communication import communicator_for
-from crossover_tf._protocol import replica_context
+from crossover_tf._protocol import datasets, replica_context
 from crossover_tf._protocol.gradient_tape import CrossoverGradientTape
 from crossover_tf._protocol.optimizer_guard import guard_optimizers, refuse_inside_run
 from crossover_tf._protocol.step_protocol import StepProtocol
@@ -190,30 +190,7 @@ class CrossoverStrategy:
         equal to a single process on the global batch. Each rank reads all data; for large
         inputs prefer distribute_datasets_from_function, which reads only this rank's shard.
         """
-        return self._split_batches(dataset, contiguous=False)
-
-    def _split_batches(self, dataset: tf.data.Dataset, contiguous: bool) -> tf.data.Dataset:
-        """This rank's rows of each global batch: strided (rank, rank+N, ...) or contiguous."""
-        size, rank = self.size, self.rank
-        if size == 1:
-            return dataset
-
-        def rows(t: Any) -> Any:
-            if not contiguous:
-                return t[rank::size]
-            per = tf.shape(t)[0] // size
-            return t[rank * per:(rank + 1) * per]
-
-        def take_rows(*batch: Any) -> Any:
-            first = tf.nest.flatten(batch)[0]
-            tf.debugging.assert_equal(
-                tf.shape(first)[0] % size, 0,
-                message=f"global batch size must be divisible by the {size} ranks")
-            picked = tf.nest.map_structure(rows, batch)
-            return picked if len(picked) > 1 else picked[0]
-
-        return dataset.map(take_rows, num_parallel_calls=tf.data.AUTOTUNE,
-                           deterministic=True).prefetch(tf.data.AUTOTUNE)
+        return datasets.split_global_batches(dataset, self.rank, self.size, contiguous=False)
 
     def experimental_distribute_dataset(self, dataset: tf.data.Dataset,
                                         options: Any = None) -> tf.data.Dataset:
@@ -223,7 +200,7 @@ class CrossoverStrategy:
         must be divisible by the N ranks). distribute_dataset takes rows rank, rank+N, ...
         instead; both cover each global batch once."""
         del options  # tf.distribute.InputOptions: prefetching to devices has no meaning here
-        return self._split_batches(dataset, contiguous=True)
+        return datasets.split_global_batches(dataset, self.rank, self.size, contiguous=True)
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
         """The values of this process's replicas: (value,), one replica per process."""
@@ -258,7 +235,7 @@ class CrossoverStrategy:
         context = tf.distribute.InputContext(num_input_pipelines=self.size,
                                              input_pipeline_id=self.rank,
                                              num_replicas_in_sync=self.size)
-        return dataset_fn(context)
+        return datasets.mark_per_rank(dataset_fn(context))
 
     # ----- Keras integration -----------------------------------------------------------------
     def callbacks(self, *, micro_batches: int = 1, average_metrics: bool = True

@@ -46,6 +46,9 @@ log "dependencies: $TF_REQ, $HVD_REQ"
 # Everything except Horovod first: Horovod's build needs TensorFlow importable.
 "${PIP[@]}" install "$TF_REQ" $(pin keras tensorflow-datasets absl-py tensorboard matplotlib networkx prometheus-client pyyaml bcrypt pytest ruff) wheel setuptools
 
+# The tests' fit reference (setup.cfg's test extra says why); --no-deps: it names `tensorflow`.
+"${PIP[@]}" install --no-deps "$(pin tf-keras)"
+
 HVD_VERSION=${HVD_REQ#horovod==}
 TF_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("'"$TF_NAME"'"))')
 PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')

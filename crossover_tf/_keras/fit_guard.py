@@ -19,8 +19,11 @@ import inspect
 from typing import Any, Callable
 
 import keras
+import tensorflow as tf
+from absl import logging
 
 from crossover_tf import callbacks as crossover_callbacks
+from crossover_tf._protocol import datasets
 from crossover_tf._protocol import ownership
 from crossover_tf._keras import rank_files
 from crossover_tf._keras.install import install, installed_protocol
@@ -58,6 +61,7 @@ def _fit(fit: Callable[..., Any], model: keras.Model, *args: Any, **kwargs: Any)
         owner = ownership.owner_of(model)
         if owner is not None:
             bound.arguments["callbacks"] = [*given, *crossover_callbacks.for_fit(owner)]
+            _split_like_mirrored(bound.arguments, owner)
             crossing = [owner]
         elif installed_protocol(model) is None and ownership.needing_ownership() is not None:
             raise ValueError(ownership.outside_scope_message("fit"))
@@ -69,6 +73,23 @@ def _fit(fit: Callable[..., Any], model: keras.Model, *args: Any, **kwargs: Any)
         protocol = installed_protocol(model)
         if protocol is not None:
             protocol.leave()
+
+
+def _split_like_mirrored(arguments: dict[str, Any], owner: Any) -> None:
+    """As MultiWorkerMirroredStrategy's fit does, each rank trains on its slice of every
+    global batch of a tf.data dataset given whole (not one rank's already: _protocol.datasets),
+    and validates on its slice of the validation data's. Only where fit added the callbacks
+    itself: a script that passes strategy.callbacks() distributes its data itself."""
+    size, rank = owner.comm.size, owner.comm.rank
+    if size == 1:
+        return
+    for name in ("x", "validation_data"):
+        data = arguments.get(name)
+        if isinstance(data, tf.data.Dataset) and not datasets.is_per_rank(data):
+            arguments[name] = datasets.split_global_batches(data, rank, size, contiguous=True)
+            logging.info("crossover_tf: fit's %s split across the %d ranks (each its slice of "
+                         "every global batch), as MultiWorkerMirroredStrategy's fit does", name,
+                         size)
 
 
 def _inference(kind: str) -> Callable[..., Any]:

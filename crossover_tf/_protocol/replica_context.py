@@ -67,7 +67,7 @@ def _refused(what: str) -> AttributeError:
         f"crossover_tf: {what} inside strategy.run is not supported: CrossoverStrategy answers "
         "tf.distribute's replica-context calls there (num_replicas_in_sync, "
         "replica_id_in_sync_group, all_reduce, all_gather) and nothing else "
-        "(docs/using.md, \"Coming from MultiWorkerMirroredStrategy\")")
+        "(docs/coming_from_mirrored.md)")
 
 
 class _Extended:

@@ -72,6 +72,52 @@ def test_the_tutorial_loop_trains_exactly_like_multiworkermirroredstrategy(tmp_p
     assert one["losses"][-1] < one["losses"][0]
 
 
+FIT_WORKER = str(WORKERS / "mwms_fit_worker.py")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_the_fit_tutorial_trains_exactly_like_multiworkermirroredstrategy(tmp_path, lease_group,
+                                                                         child_env):
+    """TensorFlow's multi-worker Keras tutorial: a model built and compiled in scope(), fit on
+    a dataset of global batches, no callbacks. MultiWorkerMirroredStrategy's fit runs only under
+    legacy Keras on TensorFlow 2.21 (keras-team/keras#20585), so it is the reference, from the
+    same initial weights; CrossoverStrategy's (Keras 3, the strategy line changed), plain and
+    crossed with a second job, ends with its weights bit for bit, each rank training on its
+    slice of every global batch as there."""
+    rng = np.random.default_rng(5)
+    init = tmp_path / "init.npz"
+    np.savez(init, w0=rng.normal(0, 0.3, (16, 32)).astype("float32"),
+             w1=np.zeros(32, "float32"), w2=rng.normal(0, 0.3, (32, 4)).astype("float32"),
+             w3=np.zeros(4, "float32"))
+    common = ["--init", str(init)]
+    for prefix, flags in (("mwms", ["--strategy", "mwms"]), ("plain", ["--strategy",
+                                                                       "crossover"])):
+        result = run_bounded(launch_command("tensorflow", 2, sys.executable, FIT_WORKER,
+                                            str(tmp_path / f"{prefix}_RANK.json"), *flags,
+                                            *common), child_env, 240)
+        assert result.returncode == 0, result.stdout[-6000:]
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    crossed = ["--strategy", "crossover", "--group", lease_group, "--jobs", "2", "--barrier",
+               f"{barrier}:4", *common]
+    for result in run_alongside(
+            launch_command("tensorflow", 2, sys.executable, FIT_WORKER,
+                           str(tmp_path / "a_RANK.json"), *crossed),
+            launch_command("tensorflow", 2, sys.executable, FIT_WORKER,
+                           str(tmp_path / "b_RANK.json"), *crossed), child_env, timeout=240):
+        assert result.returncode == 0, result.stdout[-6000:]
+    mwms = _load(tmp_path, "mwms", 2)
+    with np.load(init) as start:
+        assert not np.allclose(mwms[0]["weights"][0], start["w0"])  # it trained
+    for prefix in ("plain", "a", "b"):
+        for rank, ours in enumerate(_load(tmp_path, prefix, 2)):
+            for w_ours, w_mwms in zip(ours["weights"], mwms[rank]["weights"]):
+                np.testing.assert_array_equal(w_ours, w_mwms)
+            if prefix != "plain":
+                assert ours["lease_stats"]["acquires"] >= 2 * 12, ours["lease_stats"]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_the_rest_of_the_surface_matches_multiworkermirroredstrategy(tmp_path, child_env):
