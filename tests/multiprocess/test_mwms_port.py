@@ -33,6 +33,19 @@ def _run(tmp_path: pathlib.Path, prefix: str, child_env: dict, *flags: str):
                        child_env, 240)
 
 
+def _crossed_pair(tmp_path: pathlib.Path, worker: str, group: str, child_env: dict,
+                  *flags: str) -> None:
+    """Jobs a and b, 2 ranks each, crossing under CrossoverStrategy in one group."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    crossed = ["--strategy", "crossover", "--group", group, "--jobs", "2", "--barrier",
+               f"{barrier}:4", *flags]
+    for result in run_alongside(*(launch_command("tensorflow", 2, sys.executable, worker,
+                                                 str(tmp_path / f"{job}_RANK.json"), *crossed)
+                                  for job in ("a", "b")), child_env, timeout=240):
+        assert result.returncode == 0, result.stdout[-6000:]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_the_tutorial_loop_trains_exactly_like_multiworkermirroredstrategy(tmp_path, lease_group,
@@ -42,16 +55,7 @@ def test_the_tutorial_loop_trains_exactly_like_multiworkermirroredstrategy(tmp_p
                                                                        "crossover"])):
         result = _run(tmp_path, prefix, child_env, *flags, *steps)
         assert result.returncode == 0, result.stdout[-6000:]
-    barrier = tmp_path / "barrier"
-    barrier.mkdir()
-    crossed = ["--strategy", "crossover", "--group", lease_group, "--jobs", "2", "--barrier",
-               f"{barrier}:4", *steps]
-    for result in run_alongside(
-            launch_command("tensorflow", 2, sys.executable, WORKER,
-                           str(tmp_path / "a_RANK.json"), *crossed),
-            launch_command("tensorflow", 2, sys.executable, WORKER,
-                           str(tmp_path / "b_RANK.json"), *crossed), child_env, timeout=240):
-        assert result.returncode == 0, result.stdout[-6000:]
+    _crossed_pair(tmp_path, WORKER, lease_group, child_env, *steps)
     reference = run_bounded([sys.executable, WORKER, str(tmp_path / "one_RANK.json"),
                              "--strategy", "none", *steps], child_env, 240)
     assert reference.returncode == 0, reference.stdout[-6000:]
@@ -97,16 +101,7 @@ def test_the_fit_tutorial_trains_exactly_like_multiworkermirroredstrategy(tmp_pa
                                             str(tmp_path / f"{prefix}_RANK.json"), *flags,
                                             *common), child_env, 240)
         assert result.returncode == 0, result.stdout[-6000:]
-    barrier = tmp_path / "barrier"
-    barrier.mkdir()
-    crossed = ["--strategy", "crossover", "--group", lease_group, "--jobs", "2", "--barrier",
-               f"{barrier}:4", *common]
-    for result in run_alongside(
-            launch_command("tensorflow", 2, sys.executable, FIT_WORKER,
-                           str(tmp_path / "a_RANK.json"), *crossed),
-            launch_command("tensorflow", 2, sys.executable, FIT_WORKER,
-                           str(tmp_path / "b_RANK.json"), *crossed), child_env, timeout=240):
-        assert result.returncode == 0, result.stdout[-6000:]
+    _crossed_pair(tmp_path, FIT_WORKER, lease_group, child_env, *common)
     mwms = _load(tmp_path, "mwms", 2)
     with np.load(init) as start:
         assert not np.allclose(mwms[0]["weights"][0], start["w0"])  # it trained

@@ -14,11 +14,12 @@ differently. Run under `python -m crossover_tf.launch` by tests/multiprocess/tes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from worker_output import write_rank_result  # noqa: E402 -- no TensorFlow
 
 GLOBAL_BATCH = 32
 FEATURES, CLASSES = 16, 4
@@ -82,10 +83,7 @@ def main() -> None:
     result = {"rank": rank, "weights": [w.tolist() for w in multi_worker_model.get_weights()]}
     if args.strategy == "crossover":
         result["lease_stats"] = strategy.lease_stats()
-    path = args.out.replace("RANK", str(rank))
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(path + ".tmp", path)
+    write_rank_result(args.out, rank, result)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ tests/multiprocess/test_mwms_port.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,6 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from worker_output import write_rank_result  # noqa: E402
 
 GLOBAL_BATCH = 32
 FEATURES, CLASSES = 16, 4
@@ -132,10 +133,7 @@ def main() -> None:
             "task_id": strategy.cluster_resolver.task_id,
             "local_results": len(strategy.experimental_local_results(tf.constant(1.0))),
             "gather": strategy.gather(tf.constant([[float(rank)]]), axis=0).numpy().tolist()}
-    path = args.out.replace("RANK", str(rank))
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(path + ".tmp", path)
+    write_rank_result(args.out, rank, result)
 
 
 if __name__ == "__main__":
