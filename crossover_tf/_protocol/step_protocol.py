@@ -25,7 +25,7 @@ from crossover_tf._communication.communicator import Communicator
 from crossover_tf._hold.custom_loop import DeviceHold
 from crossover_tf._hold.device_hold import run_holding_device
 from crossover_tf._nest import map_present
-from crossover_tf._protocol import gradient_sync
+from crossover_tf._protocol import gradient_sync, ownership
 from crossover_tf.options import (CommunicationOptions, DeviceOptions, LeaseOptions,
                                   LinkTurnOptions)
 
@@ -128,6 +128,11 @@ class StepProtocol:
     def leave(self) -> None:
         """Leaves the link turn and gives up the device, for good (lease.leaving)."""
         lease_lib.leave(self.lease, self.link_turn)
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        """Whether v was made inside this rank's strategy.scope(), as tf.distribute's
+        `extended.variable_created_in_scope` answers (ownership records them)."""
+        return ownership.owner_of_variables([v]) is self
 
     # ----- state and logs across the job's ranks ---------------------------------------------
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:

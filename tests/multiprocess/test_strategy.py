@@ -235,6 +235,19 @@ def test_uninitialised_horovod_is_a_clear_error():
                                                                  init_horovod=False))
 
 
+def test_extended_knows_the_variables_made_in_scope():
+    """tf.distribute's extended.variable_created_in_scope (issue 49: it was missing)."""
+    import keras
+    import crossover_tf
+    strategy = crossover_tf.CrossoverStrategy(
+        "", communication=crossover_tf.CommunicationOptions(backend="tensorflow"))
+    with strategy.scope():
+        inside = keras.Variable(1.0)
+    outside = keras.Variable(2.0)
+    assert strategy.extended.variable_created_in_scope(inside)
+    assert not strategy.extended.variable_created_in_scope(outside)
+
+
 def test_single_process_surface():
     """size-1 strategy: tf.distribute-style methods behave like OneDeviceStrategy."""
     import tensorflow as tf
