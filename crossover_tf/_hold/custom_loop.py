@@ -101,6 +101,9 @@ class DeviceHold:
             self._graph = tf.compat.v1.get_default_graph()
             self._first = len(self._graph.get_operations())
             self._enter_control(token)
+            creator = tf.variable_creator_scope(_created_outside_the_hold)
+            creator.__enter__()
+            self._controls.append(creator)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -174,6 +177,16 @@ class DeviceHold:
                 "network, and the peer job could not compute. Use "
                 "strategy.gradient_tape(tape) instead of hvd.DistributedGradientTape, and run "
                 "other collectives (strategy.reduce, metrics) outside the hold.")
+
+
+def _created_outside_the_hold(next_creator: Any, **kwargs: Any) -> Any:
+    """A variable made inside a traced hold (an optimizer's slots, built on its first apply)
+    is made without the hold's control dependencies. TensorFlow lifts a variable's initial
+    value out of the function into one that runs first, and with those dependencies it took
+    the hold's acquire, compute, yield, allreduce and re-acquire along: the re-acquired device
+    then stayed with the job past the step, and a crossed peer timed out waiting for it."""
+    with tf.control_dependencies(None):
+        return next_creator(**kwargs)
 
 
 def _collectives(op_type: str, attrs: Any, library: dict[str, Any], seen: set[str]

@@ -159,3 +159,43 @@ def test_reducing_inside_run_as_well_is_refused(tmp_path, child_env):
     for part in ("strategy.gradient_tape(tape).gradient() inside strategy.run",
                  "would be reduced twice", "use a plain tf.GradientTape"):
         assert part in result.stdout, (part, result.stdout[-3000:])
+
+
+_INITIALIZER = """
+import sys, keras, tensorflow as tf, crossover_tf
+strategy = crossover_tf.CrossoverStrategy(
+    sys.argv[1], lease=crossover_tf.LeaseOptions(jobs=1, lease_dir=sys.argv[2]),
+    communication=crossover_tf.CommunicationOptions(backend="tensorflow"))
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)  # slots made on the first apply
+
+@tf.function
+def step(x):
+    def fn(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return strategy.run(fn, args=(x,))
+
+init = step.get_initialization_function(tf.ones((4, 8)))
+print(sorted({op.type for op in init.graph.get_operations() if "Crossover" in op.type
+              or "Collective" in op.type}))
+"""
+
+
+@pytest.mark.multiprocess
+def test_variables_made_inside_the_hold_are_initialised_without_the_lease(tmp_path, lease_group,
+                                                                         child_env):
+    """Before: the optimizer's slots, made on its first apply inside strategy.run's hold, took
+    the hold's control dependencies into the function TensorFlow lifts their initial values
+    into, so it ran a CrossoverAcquireLease of its own first; crossed, the device then stayed
+    with one job past its step and the peer timed out after LeaseOptions.timeout_s (seen once
+    in a fresh-clone run). Now that initializer holds no lease op and no collective."""
+    result = run_bounded([sys.executable, "-c", _INITIALIZER, lease_group, str(tmp_path)],
+                         child_env, 240)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:]
+
