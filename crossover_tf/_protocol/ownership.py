@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import keras
 import tensorflow as tf
 
-if TYPE_CHECKING:
-    from crossover_tf._protocol.step_protocol import StepProtocol
+# A rank's StepProtocol, as Any: step_protocol imports this module (extended's
+# variable_created_in_scope), and the runtime keeps no import circle, typing ones included.
+StepProtocol = Any
 
 # id of the tf.Variable a variable was created as -> (a weak reference to it, its owner). A
 # variable is not hashable, so by id, checked against the reference; a dropped model's
