@@ -179,6 +179,19 @@ class DeviceHold:
                 "other collectives (strategy.reduce, metrics) outside the hold.")
 
 
+def reduce_yielded(tensors: list[Any], reduce: Any) -> list[Any]:
+    """reduce(tensors) with this thread's hold (if any) yielded around it: yield -> reduce ->
+    re-acquire, so no collective runs with the device held. The tape's allreduce and the
+    reductions inside strategy.run both go through it."""
+    hold = innermost_hold()
+    if hold is not None:
+        tensors = hold.yield_for(tensors)
+    tensors = reduce(tensors)
+    if hold is not None:
+        tensors = hold.acquire_after(tensors)
+    return tensors
+
+
 def _created_outside_the_hold(next_creator: Any, **kwargs: Any) -> Any:
     """A variable made inside a traced hold (an optimizer's slots, built on its first apply)
     is made without the hold's control dependencies. TensorFlow lifts a variable's initial

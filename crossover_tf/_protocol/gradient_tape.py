@@ -10,7 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from crossover_tf._hold.custom_loop import innermost_hold
+from crossover_tf._hold.custom_loop import innermost_hold, reduce_yielded
 from crossover_tf._protocol.optimizer_guard import refuse_inside_run
 from crossover_tf._protocol.step_protocol import StepProtocol
 
@@ -39,9 +39,5 @@ class CrossoverGradientTape:
                 "allreduce does not")
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = [None if g is None else tf.convert_to_tensor(g) for g in tf.nest.flatten(grads)]
-        if hold is not None:
-            flat = hold.yield_for(flat)
-        flat = self._protocol.allreduce_gradients_in_turn(flat)
-        if hold is not None:
-            flat = hold.acquire_after(flat)
+        flat = reduce_yielded(flat, self._protocol.allreduce_gradients_in_turn)
         return tf.nest.pack_sequence_as(grads, flat)

@@ -30,7 +30,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 
 from crossover_tf._communication.communicator import reduce_is_mean
-from crossover_tf._hold.custom_loop import innermost_hold
+from crossover_tf._hold.custom_loop import reduce_yielded
 
 if TYPE_CHECKING:
     from crossover_tf._protocol.step_protocol import StepProtocol
@@ -124,15 +124,12 @@ class RunContext:
         """value reduced over the job's ranks (SUM or MEAN), with the device yielded."""
         mean = reduce_is_mean(reduce_op)
         flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(value)]
-        hold = innermost_hold()
-        if hold is not None:
-            flat = hold.yield_for(flat)
         if self._reducing_gradients:
-            reduced = self._protocol.allreduce_gradients_in_turn(flat, mean=mean)
+            reduced = reduce_yielded(
+                flat, lambda ts: self._protocol.allreduce_gradients_in_turn(ts, mean=mean))
         else:
-            reduced = [self._protocol.comm.reduce(reduce_op, t) for t in flat]
-        if hold is not None:
-            reduced = hold.acquire_after(reduced)
+            reduced = reduce_yielded(
+                flat, lambda ts: [self._protocol.comm.reduce(reduce_op, t) for t in ts])
         return tf.nest.pack_sequence_as(value, reduced)
 
     def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
