@@ -1,18 +1,22 @@
-"""Builds crossover_tf; all metadata lives in setup.cfg.
+"""Builds crossover_tf's native libraries; all metadata lives in pyproject.toml.
 
-The device-lease op library (crossover_tf/lease/_lease_ops.so) is compiled here, at install
-time, against the TensorFlow that this Python imports, the way Horovod builds its ops: a TF op
-library must match its TensorFlow's C++ ABI, so the wheel is specific to that TensorFlow,
-Python and platform (tagged e.g. cp311-cp311-linux_x86_64). TensorFlow must therefore be
-installed first and visible to the build, which pip's isolated build environment would hide:
-
-    pip install tensorflow-cpu==2.21.0 && pip install --no-build-isolation .
-
-The compile itself is ops/Makefile's `lib` target (flags from tf.sysconfig), the same one
-scripts/install.sh and developers run, so the pip and make builds cannot drift apart.
+A TensorFlow op library must match its TensorFlow's C++ ABI, so the device-lease op
+(crossover_tf/lease/_lease_ops.so) is compiled against the TensorFlow the user runs:
+- pip's default, isolated build cannot import the user's TensorFlow. The wheel then carries the
+  op's sources (crossover_tf/lease/op_sources/) and the two TensorFlow-free libraries (the
+  exporter's lease reader and the launcher's bind guard); the op is compiled on the first use,
+  into a per-TensorFlow-version cache (crossover_tf/lease/op_cache.py):
+      pip install <clone or wheel>
+- a build that can import TensorFlow (`pip wheel --no-build-isolation`, scripts/install.sh's
+  editable install) also compiles the op into the wheel, as tensorflow/custom-op's
+  per-version wheels do, with a record of the TensorFlow it was built against; the loader uses
+  it only under that TensorFlow and compiles one for any other.
+Either way the compile is ops/Makefile's (`native` and `op` targets, flags from tf.sysconfig),
+the same one scripts/install.sh and developers run, so the routes cannot drift apart.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -22,28 +26,36 @@ import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 from setuptools.errors import CompileError, PlatformError
 
 ROOT = pathlib.Path(__file__).resolve().parent
 LEASE_OPS = "crossover_tf.lease._lease_ops"
 TF_PROBE_TIMEOUT_S = 300      # importing TensorFlow takes seconds; a hung import must not hang pip
 MAKE_TIMEOUT_S = 1800         # the compile takes about a minute on 2 cores
-NO_TENSORFLOW = """crossover_tf compiles its TensorFlow op library at install time, against the
-installed TensorFlow, but `import tensorflow` fails in {python}:
-    {error}
-Install TensorFlow first, then build without pip's isolated build environment:
-    pip install tensorflow-cpu==2.21.0    # or tensorflow, for GPUs
-    pip install --no-build-isolation .    # likewise for `pip wheel` and `pip install -e`"""
 
 
-def tensorflow_version() -> str:
-    """The version of the TensorFlow this Python imports; a clear error if it imports none."""
+def _library_paths():
+    """crossover_tf/lease/library_paths.py, loaded by path: it names the op's sources a wheel
+    carries, and the package itself cannot be imported here (no TensorFlow in the build)."""
+    spec = importlib.util.spec_from_file_location(
+        "_crossover_library_paths", ROOT / "crossover_tf" / "lease" / "library_paths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LIBRARY_PATHS = _library_paths()
+
+
+def tensorflow_version() -> str | None:
+    """The version of the TensorFlow this Python imports; None if it imports none (pip's
+    isolated build environment hides the user's)."""
     probe = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(tf.__version__)"],
                            capture_output=True, text=True, timeout=TF_PROBE_TIMEOUT_S,
                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     if probe.returncode != 0:
-        error = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise PlatformError(NO_TENSORFLOW.format(python=sys.executable, error=error))
+        return None
     return probe.stdout.strip().splitlines()[-1]
 
 
@@ -86,21 +98,25 @@ class BuildLeaseOps(build_ext):
         if ext.name != LEASE_OPS:
             super().build_extension(ext)
             return
-        running = tensorflow_version()
         if shutil.which("make") is None:
-            raise PlatformError("building crossover_tf's op library needs `make` and a C++17 "
-                                "compiler (g++), as Horovod's build does")
+            raise PlatformError("building crossover_tf's native libraries needs `make` and a "
+                                "C++17 compiler (g++), as Horovod's build does")
         out = (ROOT / self.get_ext_filename(LEASE_OPS) if self._in_source
                else pathlib.Path(self.get_ext_fullpath(LEASE_OPS))).resolve()
         out.parent.mkdir(parents=True, exist_ok=True)
         record = out.with_suffix(".build.json")
+        running = tensorflow_version()
+        if running is None:
+            print("crossover_tf: TensorFlow is not importable in this build (pip's isolated "
+                  "build): the wheel carries the op's sources, compiled on first use against "
+                  "the TensorFlow it runs with", flush=True)
         # make rebuilds on changed sources, not on a changed TensorFlow: a library from an
         # earlier build (another TensorFlow, or no record of which) is removed first. Removing
         # leaves a running job's mapped copy intact.
-        if recorded_version(record) != running:
+        if running is not None and recorded_version(record) != running:
             out.unlink(missing_ok=True)
         command = ["make", "-C", str(ROOT / "ops"), f"PYTHON={sys.executable}", f"OUT={out}",
-                   f"RECORD={record}", "lib"]
+                   f"RECORD={record}", "lib" if running else "native"]
         print(" ".join(command), flush=True)
         try:
             subprocess.run(command, check=True, timeout=MAKE_TIMEOUT_S)
@@ -108,6 +124,22 @@ class BuildLeaseOps(build_ext):
             raise CompileError(f"building {out.name} failed: {err}") from err
 
 
+class BuildPyWithOpSources(build_py):
+    """build_py that also puts the op's sources in the package, for op_cache's first-use
+    compile (an editable install finds them in the source tree's ops/ instead)."""
+
+    def run(self) -> None:
+        super().run()
+        target = pathlib.Path(self.build_lib).joinpath(
+            LIBRARY_PATHS.PACKAGED_SOURCES.relative_to(LIBRARY_PATHS.LEASE_PACKAGE.parents[1]))
+        shutil.rmtree(target, ignore_errors=True)
+        for pattern in LIBRARY_PATHS.OP_SOURCE_GLOBS:
+            for source in (ROOT / "ops").glob(pattern):
+                dest = target / source.relative_to(ROOT / "ops")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, dest)
+
+
 # sources=[]: the Makefile owns them; the Extension makes the wheel platform-specific.
 setup(ext_modules=[Extension(LEASE_OPS, sources=[])],
-      cmdclass={"build_ext": BuildLeaseOps})
+      cmdclass={"build_ext": BuildLeaseOps, "build_py": BuildPyWithOpSources})

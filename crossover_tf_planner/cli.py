@@ -107,5 +107,5 @@ def _write_slurm(plan: PairingPlan, args: argparse.Namespace) -> int:
 
 
 def main() -> None:
-    """The console script's entry point (setup.cfg: crossover-plan)."""
+    """The console script's entry point (pyproject.toml: crossover-plan)."""
     sys.exit(run())

@@ -44,9 +44,9 @@ TF_REQ=$(pin "$TF_NAME")
 HVD_REQ=$(pin horovod)
 log "dependencies: $TF_REQ, $HVD_REQ"
 # Everything except Horovod first: Horovod's build needs TensorFlow importable.
-"${PIP[@]}" install "$TF_REQ" $(pin keras tensorflow-datasets absl-py tensorboard matplotlib networkx prometheus-client pyyaml bcrypt pytest ruff) wheel setuptools
+"${PIP[@]}" install "$TF_REQ" $(pin keras tensorflow-datasets absl-py tensorboard matplotlib networkx prometheus-client pyyaml bcrypt pytest ruff) wheel "setuptools>=77"
 
-# The tests' fit reference (setup.cfg's test extra says why); --no-deps: it names `tensorflow`.
+# The tests' fit reference (pyproject.toml's test extra says why); --no-deps: it names `tensorflow`.
 "${PIP[@]}" install --no-deps "$(pin tf-keras)"
 
 HVD_VERSION=${HVD_REQ#horovod==}

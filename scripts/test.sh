@@ -4,7 +4,7 @@
 # (scripts/bazel_check.sh: ~1 min warm; a SKIPPED line where neither Bazel nor apt is there;
 # CROSSOVER_BAZEL_CHECK=0 leaves it out), then pytest.
 # Extra arguments go to pytest. The fast tier (under 3 min of pytest on 2 cores) leaves out the
-# end-to-end and multi-process tests, marked `slow` (setup.cfg):
+# end-to-end and multi-process tests, marked `slow` (pyproject.toml):
 #   CROSSOVER_BAZEL_CHECK=0 bash scripts/test.sh -m "not slow"
 # CI (.ci/run) runs everything.
 set -euo pipefail

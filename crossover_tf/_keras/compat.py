@@ -1,7 +1,7 @@
 """Every use of Keras internals, in one place.
 
 The crossover steps replace Keras' train step and rebuild its functions, which needs a few
-private Keras symbols (below). Any Keras minor release may rename them, so setup.cfg pins the
+private Keras symbols (below). Any Keras minor release may rename them, so pyproject.toml pins the
 range the tests cover (SUPPORTED_KERAS) and this module checks at import that the symbols are
 there: a clear error naming the installed version instead of an AttributeError mid-fit.
 Attributes that Keras sets per model instance are checked when a model is hooked
@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import keras
 
-# setup.cfg's pin; tests/unit/test_keras_compat.py keeps them equal.
+# pyproject.toml's pin; tests/unit/test_keras_compat.py keeps them equal.
 SUPPORTED_KERAS = ">=3.15.1,<3.16"
 MODULE_SYMBOLS = {"keras.src.losses.loss": ("unscale_loss_for_distribution",)}
 MODEL_METHODS = ("_symbolic_build", "_compute_loss")  # on the keras.Model class

@@ -236,9 +236,9 @@ def test_jobs_reach_a_checkout_and_venv_under_tmp(slurm_cluster: SlurmCluster,
 
 
 def test_the_test_command_lists_each_skip_with_its_reason(tmp_path: pathlib.Path) -> None:
-    """Issue 51 item 8: setup.cfg's addopts list every skipped test, by name, with its reason,
-    at the end of the run, so a skip that should not happen shows (pytest folds skips raised
-    at one place into one line unless told not to)."""
+    """Issue 51 item 8: pyproject.toml's pytest addopts list every skipped test, by name, with
+    its reason, at the end of the run, so a skip that should not happen shows (pytest folds
+    skips raised at one place into one line unless told not to)."""
     (tmp_path / "test_two_skips.py").write_text(textwrap.dedent("""
         import pytest
 
@@ -252,7 +252,7 @@ def test_the_test_command_lists_each_skip_with_its_reason(tmp_path: pathlib.Path
             need_probe()
         """))
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(REPO_ROOT / "setup.cfg"),
+        [sys.executable, "-m", "pytest", "-c", str(REPO_ROOT / "pyproject.toml"),
          "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

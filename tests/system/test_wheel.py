@@ -1,9 +1,13 @@
-"""The pip path end to end: a wheel built from a copy of the tree carries the op library, and a
-fresh virtual environment that installs only that wheel (no `make`, no source tree) trains a
-crossed pair of jobs from a directory outside the repository.
+"""The pip paths end to end, each in a fresh virtual environment, from a directory outside the
+repository:
+- the README's own install words (tests the block named `install` in README.md) with the
+  current pip, build isolation on, beside a stock tensorflow-cpu: the op compiles on first use
+  into the cache, and two jobs cross with no backend option;
+- a wheel built against this TensorFlow (`pip wheel --no-build-isolation`) carries the op
+  library, and an environment with only that wheel (and Horovod) trains a crossed pair.
 
-Slow (a wheel build compiles the op, about a minute, and the fresh environment installs
-TensorFlow): one wheel and one environment serve the whole session.
+Slow (each route compiles the op once, about a minute, and each environment installs
+TensorFlow): one wheel and one environment per route serve the whole session.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import os
 import pathlib
 import shutil
 import signal
+import time
 import subprocess
 import sys
 import zipfile
@@ -20,6 +25,7 @@ import zipfile
 import pytest
 
 from conftest import REPO_ROOT, WORKERS
+from test_doc_snippets import extract_blocks
 
 USER_SCRIPT = WORKERS / "wheel_user_train.py"
 BUILD_TIMEOUT_S = 900       # compiling the op takes ~1 min on 2 idle cores
@@ -53,7 +59,7 @@ def copy_checkout(dst: pathlib.Path) -> None:
 
 
 def pin(name: str) -> str:
-    """The project's pinned requirement for name (scripts/pins.py reads setup.cfg)."""
+    """The project's pinned requirement for name (scripts/pins.py reads pyproject.toml)."""
     return run_checked([sys.executable, str(REPO_ROOT / "scripts" / "pins.py"), name],
                        60).strip()
 
@@ -111,19 +117,44 @@ def fresh_venv(tmp_path_factory, built_wheel) -> pathlib.Path:
                     str(horovod_wheel_dir(tensorflow_distribution())))
 
 
-@pytest.fixture(scope="session")
-def venv_without_horovod(tmp_path_factory, built_wheel) -> pathlib.Path:
-    """The wheel alone: a stock TensorFlow user who never built Horovod."""
-    return new_venv(tmp_path_factory, str(built_wheel))
-
-
-def user_env(venv: pathlib.Path) -> dict[str, str]:
-    """A user's shell with the fresh environment activated: nothing points into the repo."""
+def user_env(venv: pathlib.Path, cache: pathlib.Path | None = None) -> dict[str, str]:
+    """A user's shell with the fresh environment activated: nothing points into the repo (and
+    the op cache, where given, is the test's own)."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "CROSSOVER_LEASE_OPS", "VIRTUAL_ENV", "PYTHONHOME")}
+           if k not in ("PYTHONPATH", "CROSSOVER_LEASE_OPS", "VIRTUAL_ENV", "PYTHONHOME",
+                        "PIP_NO_BUILD_ISOLATION", "CROSSOVER_CACHE")}
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
-               PYTHONNOUSERSITE="1", TF_CPP_MIN_LOG_LEVEL="2")
+               PYTHONNOUSERSITE="1", TF_CPP_MIN_LOG_LEVEL="2", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    if cache is not None:
+        env["CROSSOVER_CACHE"] = str(cache)
     return env
+
+
+def readme_install_block() -> str:
+    """README.md's block named `install`: the words a user types."""
+    blocks, _ = extract_blocks(REPO_ROOT / "README.md")
+    (block,) = [b for b in blocks if b.marker and b.marker.name == "install"]
+    return block.code
+
+
+@pytest.fixture(scope="session")
+def readme_venv(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path, dict[str, float]]:
+    """A stock TensorFlow user who never built Horovod: a new venv, the current pip, the pinned
+    tensorflow-cpu, then README.md's install block run as written from the folder holding a
+    clone (a copy of the checkout) named crossover_tf. Returns the venv, its op cache and the
+    install's seconds."""
+    root = tmp_path_factory.mktemp("readme")
+    venv, cache, home = root / "env", root / "cache", root / "home"
+    copy_checkout(home / "crossover_tf")
+    python = str(venv / "bin" / "python")
+    run_checked([sys.executable, "-m", "venv", str(venv)], 300)
+    run_checked([python, "-m", "pip", "install", "-q", "-U", "pip"], INSTALL_TIMEOUT_S)
+    run_checked([python, "-m", "pip", "install", "-q", pin(tensorflow_distribution())],
+                INSTALL_TIMEOUT_S)
+    start = time.monotonic()
+    run_checked(["bash", "-e", "-o", "pipefail", "-c", readme_install_block()], INSTALL_TIMEOUT_S,
+                env=user_env(venv, cache), cwd=home)
+    return venv, cache, {"install_s": time.monotonic() - start}
 
 
 def run_pair(commands: list[list[str]], env: dict[str, str], cwd: pathlib.Path,
@@ -188,30 +219,56 @@ def test_fresh_venv_trains_a_crossed_pair_outside_the_repo(fresh_venv, lease_gro
 
 
 @pytest.mark.slow
+def test_the_readme_install_is_small_and_builds_the_op_for_this_tensorflow(readme_venv):
+    """Issue 51: the README's words work with the current pip (build isolation on); the
+    environment gets no experiments' packages; the op was compiled once, on the README's
+    first use, for the TensorFlow installed, into the cache."""
+    venv, cache, timing = readme_venv
+    pip = run_checked([str(venv / "bin" / "python"), "-m", "pip", "--version"], 60)
+    assert int(pip.split()[1].split(".")[0]) >= 25, pip          # today's pip, not the venv's
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    lease = site / "crossover_tf" / "lease"
+    assert not (lease / "_lease_ops.so").exists()                # built against no TensorFlow
+    assert (lease / "op_sources" / "Makefile").is_file()
+    assert (lease / "_lease_observer.so").is_file() and (lease / "_bind_address.so").is_file()
+    for extra in ("tensorflow_datasets", "matplotlib", "tensorboard", "horovod"):
+        assert not (site / extra).exists(), extra
+    (entry,) = [p for p in (cache / "ops").iterdir() if p.is_dir()]
+    record = json.loads((entry / "_lease_ops.build.json").read_text())
+    assert record == {"tensorflow": importlib.metadata.version(tensorflow_distribution())}
+    assert entry.name.startswith(f"tf{record['tensorflow']}-cp311-")
+    size_mb = sum(p.stat().st_size for p in venv.rglob("*") if p.is_file()) / 2**20
+    print(f"README install {timing['install_s']:.1f} s (op compile included); "
+          f"venv {size_mb:.0f} MB")
+
+
+@pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_venv_without_horovod_crosses_a_pair_with_tensorflow_collectives(
-        venv_without_horovod, lease_group, tmp_path):
-    """Issue 33: `pip install crossover_tf` and a stock TensorFlow, no Horovod: two jobs of
-    two ranks each (python -m crossover_tf.launch) cross through TensorFlow's collectives,
-    and asking for the Horovod backend fails with one line that says how to install it."""
+def test_a_readme_install_crosses_a_pair_with_no_backend_option(readme_venv, lease_group,
+                                                                 tmp_path):
+    """Issue 33 and 51: installed the README's way beside a stock TensorFlow, no Horovod, two
+    jobs of two ranks each (python -m crossover_tf.launch, no backend option: "auto") cross
+    through TensorFlow's collectives, and asking for the Horovod backend fails with one line
+    that says how to install it."""
+    venv, cache, _ = readme_venv
     workdir = tmp_path / "user"
     workdir.mkdir()
     script = shutil.copy(USER_SCRIPT, workdir / "train.py")
     barrier = workdir / "barrier"
     barrier.mkdir()
-    python = str(venv_without_horovod / "bin" / "python")
-    env = user_env(venv_without_horovod)
+    python = str(venv / "bin" / "python")
+    env = user_env(venv, cache)
     commands = [[python, "-m", "crossover_tf.launch", "-np", "2", "--timeout_s",
                  str(PAIR_TIMEOUT_S), "--", python, script, str(workdir / f"{job}_RANK.json"),
-                 "--group", lease_group, "--steps", str(STEPS), "--barrier", f"{barrier}:4",
-                 "--backend", "tensorflow"] for job in ("a", "b")]
+                 "--group", lease_group, "--steps", str(STEPS), "--barrier", f"{barrier}:4"]
+                for job in ("a", "b")]
     for rc, out in run_pair(commands, env, workdir, PAIR_TIMEOUT_S + 30):
-        assert rc == 0, out[-6000:]
+        assert rc == 0, out[-6000:]    # without Horovod installed: "auto" picked TensorFlow's
     for job in ("a", "b"):
         ranks = [json.loads((workdir / f"{job}_{r}.json").read_text()) for r in range(2)]
         for rank in ranks:
             assert not rank["horovod_importable"] and rank["size"] == 2
-            assert pathlib.Path(rank["crossover_tf"]).is_relative_to(venv_without_horovod)
+            assert pathlib.Path(rank["crossover_tf"]).is_relative_to(venv)
             stats = rank["lease_stats"]
             assert stats["acquires"] == 2 * STEPS and not stats["held"], stats
 

@@ -1,5 +1,5 @@
 """crossover_tf._keras.compat: a Keras without the internals it uses is refused with the
-installed version and the supported range, and the range is the one setup.cfg pins."""
+installed version and the supported range, and the range is the one pyproject.toml pins."""
 from __future__ import annotations
 
 import importlib
@@ -65,7 +65,7 @@ def test_compiled_model_has_the_instance_attributes():
     assert model.jit_compile is True and keras_compat.loss_tracker(model) is not None
 
 
-def test_setup_cfg_pins_the_supported_range_and_it_is_installed():
+def test_pyproject_pins_the_supported_range_and_it_is_installed():
     spec = importlib.util.spec_from_file_location("pins", REPO_ROOT / "scripts" / "pins.py")
     pins = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pins)

@@ -2,12 +2,12 @@
 the crossover-plan command line. The signatures and keys pinned here are a contract: change
 them only with a note in the README's planner part."""
 
-import configparser
 import importlib
 import inspect
 import json
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -88,12 +88,8 @@ def test_bad_file_is_one_line_and_status_2(tmp_path, capsys):
 
 
 def test_entry_point_is_declared_and_resolves():
-    config = configparser.ConfigParser()
-    config.read(REPO_ROOT / "setup.cfg")
-    scripts = dict(line.split("=", 1) for line in
-                   config["options.entry_points"]["console_scripts"].strip().splitlines())
-    target = scripts["crossover-plan "].strip()
-    module, function = target.split(":")
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, function = scripts["crossover-plan"].split(":")
     assert module.startswith("crossover_tf_planner.")
     assert getattr(importlib.import_module(module), function) is cli.main
 

@@ -4,7 +4,10 @@ Copied out of the repository and run there under `horovodrun --gloo` (or `python
 crossover_tf.launch` for the tensorflow backend), by a fresh virtual
 environment's Python, so it sees nothing of the source tree: no PYTHONPATH, no ops/ build.
 
-  wheel_user_train.py OUT --group G --barrier DIR:N [--steps N] [--backend tensorflow]
+  wheel_user_train.py OUT --group G --barrier DIR:N [--steps N] [--backend NAME]
+
+Without --backend the strategy gets no communication option, as the README's example: "auto"
+(Horovod under horovodrun, TensorFlow's collectives otherwise).
 """
 from __future__ import annotations
 
@@ -45,12 +48,13 @@ def main() -> None:
     parser.add_argument("--group", required=True)
     parser.add_argument("--barrier", required=True)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--backend", default="horovod")
+    parser.add_argument("--backend", default=None)
     args = parser.parse_args()
 
     strategy = crossover_tf.CrossoverStrategy(  # two jobs cross: LeaseOptions' default
         args.group, lease=crossover_tf.LeaseOptions(timeout_s=60),
-        communication=crossover_tf.CommunicationOptions(backend=args.backend))
+        communication=crossover_tf.CommunicationOptions(
+            **({"backend": args.backend} if args.backend else {})))
     # Big enough that a step's hold lasts milliseconds: the crossed jobs then meet at the lease.
     with strategy.scope():
         model = keras.Sequential([keras.Input((FEATURES,)),
