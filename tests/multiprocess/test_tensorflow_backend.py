@@ -15,6 +15,7 @@ from crossover_tf import CommunicationOptions
 from crossover_tf.launch import free_ports, tf_configs
 
 WORKER = str(WORKERS / "collective_worker.py")
+FAIL_AT = 5  # the step at which collective_worker.py's rank 1 dies or stops
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -84,9 +85,12 @@ def test_a_peer_that_dies_or_stops_fails_the_collective_instead_of_hanging(
         tmp_path, peer, errors):
     """A dead peer resets the connection at once; a stopped one (no process exit to see) is
     caught by the collective's timeout (--timeout_s 10) or the heartbeat, never a wait
-    without end."""
+    without end. The survivor fails in step 5 (the peer never joins it) or, when the peer
+    exits the moment its own share of step 4 is done, in step 4 (the survivor was still
+    fetching the peer's last buffer: 'RecvBuf ... Socket closed'; seen once in a fresh-clone
+    run). Either way it is an error, not a wait, and no later step succeeds."""
     record, _ = _run_pair(tmp_path, "--peer", peer, "--timeout_s", "10")
-    assert record["steps"] == 5 and record["error"] in errors, record
+    assert record["steps"] in (FAIL_AT - 1, FAIL_AT) and record["error"] in errors, record
     assert record["elapsed_s"] < 60, record
 
 
