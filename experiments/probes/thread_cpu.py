@@ -25,6 +25,7 @@ import os
 import pathlib
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -290,6 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup_steps >= args.steps:
         parser.error(f"--warmup_steps ({args.warmup_steps}) must be below --steps "
                      f"({args.steps})")
+    if shutil.which("perf") is None or os.geteuid() != 0:
+        parser.error("needs root (network namespaces, every CPU's tracepoints) and perf "
+                     "(Debian: apt-get install linux-perf)")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = [launch(args, mode, out) for mode in args.modes.split(",")]
