@@ -19,7 +19,6 @@ a library.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import pathlib
@@ -34,6 +33,7 @@ from collections.abc import Iterator, Mapping
 
 from absl import logging
 
+from crossover_tf.lease.file_lock import flock_within
 from crossover_tf.lease.library_paths import OP_SOURCE_GLOBS
 
 LIBRARY_NAME = "_lease_ops.so"
@@ -119,19 +119,12 @@ def _exclusive(lock_path: pathlib.Path, timeout_s: float, key: str) -> Iterator[
     """Holds an exclusive flock on lock_path, waiting at most timeout_s for another holder."""
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                    raise OpBuildError(
-                        f"another process (pid {holder}) has been building the op library "
-                        f"{key} for over {timeout_s:.0f} s (lock {lock_path}); if it is stuck, "
-                        "stop it and run again") from None
-                time.sleep(LOCK_POLL_S)
+        if not flock_within(fd, timeout_s, LOCK_POLL_S):
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise OpBuildError(
+                f"another process (pid {holder}) has been building the op library {key} for "
+                f"over {timeout_s:.0f} s (lock {lock_path}); if it is stuck, stop it and run "
+                "again")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield

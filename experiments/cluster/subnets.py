@@ -14,9 +14,9 @@ import dataclasses
 import fcntl
 import ipaddress
 import re
-import time
 from typing import Iterable, Iterator
 
+from crossover_tf.lease.file_lock import flock_within
 from experiments.cluster import cleanup, shell
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
@@ -72,17 +72,9 @@ def claim_lock(timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     it."""
     LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
     with open(LOCK_PATH, "a") as lock:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(
-                        f"another cluster launcher held {LOCK_PATH} for over {timeout_s:.0f} s "
-                        "while choosing its subnet") from None
-                time.sleep(_LOCK_POLL_S)
+        if not flock_within(lock, timeout_s, _LOCK_POLL_S):
+            raise RuntimeError(f"another cluster launcher held {LOCK_PATH} for over "
+                               f"{timeout_s:.0f} s while choosing its subnet")
         try:
             yield
         finally:
