@@ -11,11 +11,11 @@ full solo speed on one set of devices).
   ``device_efficiency / 2`` when both compute) and a shared link (equal
   bandwidth share); the fluid steady state is averaged over uniformly random
   start offsets, because nothing controls the phase.
-* shift (CASSINI-style): the same co-location, but a scheduler picks the best
-  start offset of the second job.  Every distinct relative phase lies in
-  ``[0, T_first)`` (the first job's pattern repeats each period), so searching
-  that interval covers the circle of the LCM hyperperiod; each job keeps its
-  own period and contention stretches whatever still overlaps.
+* shift (CASSINI-style): the same co-location, but the second job starts at the
+  static offset CASSINI's rule picks (shift_rule.py: the periods aligned on their
+  LCM, the offset that keeps the allreduces apart longest), the offset the
+  comparison's shift scenario runs; each job keeps its own period and contention
+  stretches whatever still overlaps.
 * crossover: the device is under a FIFO lease (a hand-off costs h of device
   time) and the link is still shared, as the lease strategy does; the fluid
   steady state is averaged over start offsets like naive.  The lease is
@@ -63,7 +63,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from crossover_tf_planner import fluid, json_io
+from crossover_tf_planner import fluid, json_io, shift_rule
 from crossover_tf_planner.comm_cost import NO_CONTENTION, LinkContention
 from crossover_tf_planner.device_models import DeviceModel, device_model, limitation_of
 from crossover_tf_planner.policies import PREDICTED
@@ -129,13 +129,21 @@ def crossover_round_s(times: PairTimes, *, samples: int = 0, seed: int = 0,
 
 
 def shift_offsets_s(times: PairTimes, n_offsets: int) -> np.ndarray:
-    """Candidate start offsets of job 1, shape (n, k): a grid over job 0's period
-    plus the natural interleave (job 1 computes while job 0 communicates)."""
+    """Start offsets of job 1 that naive co-location averages over, shape (n, k): a grid
+    over job 0's period plus the natural interleave (job 1 computes while job 0
+    communicates)."""
     if n_offsets < 1:
         raise ValueError("n_offsets must be >= 1")
     grid = np.arange(n_offsets) / n_offsets
     offsets = times.period_s[:, :1] * grid[None, :]
     return np.concatenate([offsets, times.device_s[:, :1]], axis=1)
+
+
+def rule_shifts_s(times: PairTimes) -> np.ndarray:
+    """The offset CASSINI's rule (shift_rule.choose_shift) starts job 1 at, per pair, (n,)."""
+    return np.array([shift_rule.choose_shift(
+        shift_rule.StepPhases(d[0], m[0], o[0]), shift_rule.StepPhases(d[1], m[1], o[1])
+    ).shift_s for d, m, o in zip(times.device_s, times.link_s, times.other_s)])
 
 
 def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
@@ -152,7 +160,8 @@ def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
                                             contention=contention)
     device_efficiency = model.device_efficiency
     period = times.period_s
-    offsets = shift_offsets_s(times, n_offsets)
+    offsets = np.concatenate([shift_offsets_s(times, n_offsets), rule_shifts_s(times)[:, None]],
+                             axis=1)  # the last column is the shift's, the others naive's
     n, k = offsets.shape
     work = np.repeat(np.stack([times.device_s, times.link_s, times.other_s], axis=2), k, axis=0)
 
@@ -164,15 +173,14 @@ def policy_steps_per_s(times: PairTimes, *, n_offsets: int = 8,
             link_efficiency=contention.shared_efficiency).reshape(n, k, 2)
 
     free = per_offset(leased=False)
-    best = (free * period[:, None, :]).sum(axis=2).argmax(axis=1)
     ideal = 1.0 / crossover_round_s(times, samples=samples, seed=seed)
     return {
         "sequential": 0.5 / period,
-        "naive": free.mean(axis=1),
-        "shift": free[np.arange(n), best],
-        "crossover": per_offset(leased=True).mean(axis=1),
+        "naive": free[:, :-1].mean(axis=1),
+        "shift": free[:, -1],
+        "crossover": per_offset(leased=True)[:, :-1].mean(axis=1),
         "crossover_turn": np.repeat(ideal[:, None], 2, axis=1),
-        "shift_offset_s": offsets[np.arange(n), best],
+        "shift_offset_s": offsets[:, -1],
     }
 
 
@@ -207,7 +215,7 @@ def _work_conserving_steps_per_s(times: PairTimes, *, samples: int, seed: int, c
     return {"sequential": 0.5 / times.period_s,
             **{name: (1.0 / r)[:, None] * both for name, r in rounds.items()},
             "shift": (1.0 / rounds["naive"])[:, None] * both,
-            "shift_offset_s": np.zeros(len(cpu))}
+            "shift_offset_s": rule_shifts_s(times)}
 
 
 def _with_slowed_allreduces(round_s, link_s: np.ndarray, cpu_s: np.ndarray, slowdown: float,

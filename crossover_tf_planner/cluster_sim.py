@@ -53,7 +53,7 @@ def group_jobs(profiles: Sequence[JobProfile], **plan_kwargs: Any) -> list[PairP
 def place(groups: Sequence[PairPrediction], profiles: Sequence[JobProfile], n_hosts: int,
           policy: str) -> list[SimJob]:
     """One disjoint block of hosts per group; ``policy='planned'`` uses each group's
-    recommendation, ``shift`` starts job B at the predicted best offset."""
+    recommendation, ``shift`` starts job B at the offset the shift rule predicts (shift_rule.py)."""
     if not groups:
         raise ValueError("no job groups to place")
     per_group = n_hosts // len(groups)

@@ -154,12 +154,16 @@ class Regime:
     # The same solo run before and after the trials (comparison/calibrate.drift_probe):
     # {"bandwidth_mbit", "start": {...}, "end": {...}}; absent in older records.
     drift_probe: dict[str, Any] | None = None
+    # The asked-for T_B/T_A and job B's batch calibration (experiments/comparison/
+    # period_calibrate.py); absent where job B is job A's twin.
+    period_ratio_asked: float | None = None
+    period_calibration: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if self.achieved_comm_to_compute is not None:
             data["achieved_comm_to_compute"] = self.achieved_comm_to_compute.to_dict()
-        return _drop_none(data, ["drift_probe"])
+        return _drop_none(data, ["drift_probe", "period_ratio_asked", "period_calibration"])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Regime:

@@ -10,7 +10,7 @@ from __future__ import annotations
 POLICIES = ("sequential", "naive", "shift", "crossover")
 PREDICTED = POLICIES + ("crossover_turn",)  # crossover with link turns
 MEASURED = ("sequential", "naive", "crossover")  # what experiments/compare.py runs by default
-VALIDATED = MEASURED + ("crossover_turn",)  # measured scenarios the planner predicts
+VALIDATED = MEASURED + ("crossover_turn", "shift")  # measured scenarios the planner predicts
 RECOMMENDED_POLICY = {"cross": "crossover", "shift": "shift", "naive": "naive",
                       "do not pair": "sequential"}
 

@@ -21,6 +21,10 @@ from crossover_tf_planner.policies import PREDICTED
 
 DEFAULT_CM_RATIOS = tuple(float(x) for x in np.logspace(-1, 1, 7))
 DEFAULT_PERIOD_RATIOS = tuple(float(x) for x in np.linspace(1, 4, 13))
+# (C/M of job A, T_B/T_A): the cells the shift experiment (scripts/run_shift.sh) measures, job
+# A at M/C 1 and job B at 1, 1.5 and 2 times its period; marked on the table and the heat map
+# until docs/planner.md holds their measurements.
+MEASURED_CELLS = ((1.0, 1.0), (1.0, 1.5), (1.0, 2.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,15 +67,29 @@ class SweepResult:
                 "threshold": self.threshold, "headline": self.headline(),
                 "normalised": {k: v.tolist() for k, v in self.normalised.items()}}
 
+    def measured_cells(self) -> list[tuple[int, int]]:
+        """(C/M index, period index) of each of MEASURED_CELLS on this grid (nearest point;
+        none off the grid's range)."""
+        cells = []
+        for cm, period in MEASURED_CELLS:
+            if not (min(self.cm_ratios) <= cm <= max(self.cm_ratios)
+                    and min(self.period_ratios) <= period <= max(self.period_ratios)):
+                continue
+            cells.append((int(np.argmin(np.abs(np.log(np.array(self.cm_ratios) / cm)))),
+                          int(np.argmin(np.abs(np.array(self.period_ratios) - period)))))
+        return cells
+
     def to_markdown(self) -> str:
         """Rows: period ratio; columns: C/M of job A; cell: share of job-B shapes
-        where shift / crossover helps."""
+        where shift / crossover helps (†: a cell the shift experiment measures)."""
         shift = self.helps("shift").mean(axis=1)
         cross = self.helps("crossover").mean(axis=1)
+        marked = set(self.measured_cells())
         header = "| T_B/T_A \\ C/M of A | " + " | ".join(f"{r:.2g}" for r in self.cm_ratios) + " |"
         lines = [header, "|---" * (len(self.cm_ratios) + 1) + "|"]
         for j, p in enumerate(self.period_ratios):
             cells = " | ".join(f"{shift[i, j]:.0%} / {cross[i, j]:.0%}"
+                               + ("†" if (i, j) in marked else "")
                                for i in range(len(self.cm_ratios)))
             lines.append(f"| {p:.3g} | {cells} |")
         h = self.headline()
@@ -87,7 +105,9 @@ class SweepResult:
             f"{h['crossover_helps_where_shift_fails']:.1%}; neither helps in "
             f"{h['neither_helps']:.1%}",
             f"- crossover beats shift in {h['crossover_beats_shift']:.1%}, shift beats "
-            f"crossover in {h['shift_beats_crossover']:.1%}"])
+            f"crossover in {h['shift_beats_crossover']:.1%}",
+            *(["- †: cells the shift experiment (scripts/run_shift.sh) measures"]
+              if marked else [])])
 
 
 def grid_pairs(cm_ratios: Sequence[float], period_ratios: Sequence[float],
@@ -128,6 +148,9 @@ def save_heatmap(result: SweepResult, path: str | os.PathLike) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    cells = result.measured_cells()
+    if cells:
+        fig.subplots_adjust(bottom=0.17)  # room for the legend of the marked cells
     for axis, policy in zip(axes, ("shift", "crossover")):
         share = result.helps(policy).mean(axis=1).T
         image = axis.imshow(share, origin="lower", aspect="auto", vmin=0, vmax=1, cmap="viridis")
@@ -138,8 +161,14 @@ def save_heatmap(result: SweepResult, path: str | os.PathLike) -> str:
         axis.set_xlabel("compute / comm ratio of job A")
         axis.set_title(f"{policy} beats naive by >{result.threshold:.0%} "
                        f"({result.helps(policy).mean():.0%} of pairs)")
+        for column, row in cells:  # where measurements will go
+            axis.add_patch(plt.Rectangle((column - 0.5, row - 0.5), 1, 1, fill=False,
+                                         edgecolor="red", linewidth=2))
     axes[0].set_ylabel("period ratio T_B / T_A")
     fig.colorbar(image, ax=axes, label="share of job-B C/M ratios")
+    if cells:
+        fig.text(0.4, 0.01, "red: cells the shift experiment measures (scripts/run_shift.sh)",
+                 fontsize=9, color="red", ha="center")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)

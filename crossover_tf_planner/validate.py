@@ -147,7 +147,8 @@ def _aggregate_winner(measured_agg: Mapping[str, float]) -> str | None:
 def _recommendation_among(predicted: Mapping[str, float], measured: Mapping[str, float]
                           ) -> str:
     """The planner's recommendation among the policies the comparison ran (and shift, which
-    it never runs): a comparison without crossover_turn is checked on plain crossing."""
+    the planner may recommend whether or not it ran): a comparison without crossover_turn is
+    checked on plain crossing."""
     return recommend({k: v for k, v in predicted.items() if k in measured or k == "shift"})[0]
 
 

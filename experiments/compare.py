@@ -6,6 +6,8 @@
   python -m experiments.compare --bandwidth_mbit=100 --model=resnet20   # fixed link, no calibration
   python -m experiments.compare --jobs=3 --comm_to_compute=2 --trials=3  # three jobs crossing
   python -m experiments.compare --scenarios=sequential,naive,priority    # primary + secondary
+  python -m experiments.compare --scenarios=sequential,naive,shift,crossover_turn \
+      --sweep_period_ratio=1,1.5,2 --trials=2        # shift against crossing (run_shift.sh)
   python -m experiments.compare --scenarios=sequential,naive,naive_env,crossover,crossover_env \
       --scenario_env=HOROVOD_CYCLE_TIME=5 --trials=3         # a runtime setting side by side
 
@@ -21,6 +23,8 @@ are run with the same model, data and settings as:
               a runtime setting measured side by side with the plain scenarios
   crossover_turn  (opt-in) crossover whose jobs also take link turns: one gradient allreduce
               at a time per host, in one global order (crossover_tf.lease.link_turn)
+  shift       (opt-in, 2 jobs) naive, but job B starts its timed steps at the static shift
+              CASSINI's rule picks from the latest solo runs (crossover_tf_planner/shift_rule)
   priority    (opt-in, 2 jobs) A as the primary, B as a secondary computing in
               --secondary_micro_batches micro-batches, sharing the lease: A's throughput
               against solo, B's against naive, A's worst wait against B's micro-batch
@@ -37,7 +41,10 @@ asked-for one re-shapes the link for the next, and the calls rest on the trials 
 says whether the machine slowed. After calibration the comparison prints its estimated
 length; --budget_minutes shortens every run to fit (comparison/budget.py).
 --sweep_comm_to_compute runs the calibrated comparison at several
-ratios (one sub-directory each) and writes sweep.{json,md,png}.
+ratios (one sub-directory each) and writes sweep.{json,md,png}. --period_ratio shapes job B
+(its batch, calibrated; --job_b_model) to that multiple of job A's period, held like M/C;
+--sweep_period_ratio runs the comparison at several such ratios and writes shift.{json,md}
+(scripts/run_shift.sh: shift against crossing, with the planner's call made before the runs).
 
 The table, JSON, markdown and PNG land in --out_dir; TensorBoard runs of every scenario land
 under <out_dir>/tensorboard/t<trial>_<scenario>/<job>.
@@ -50,12 +57,11 @@ from typing import Any, Mapping
 
 from absl import app, flags, logging
 
-from crossover_tf_planner.compare_record import Comparison, Regime
+from crossover_tf_planner.compare_record import Comparison
 from experiments import config as config_lib
-from experiments.comparison import calibrate
-from experiments.comparison.run import compare_at, run_sweep
-from experiments.comparison.settings import FLAG_NAMES, define_flags, sweep_ratios, validate
-from experiments.probes.comm_costs import measure_comm_costs
+from experiments.comparison.run import compare_at, link_and_regime, run_period_sweep, run_sweep
+from experiments.comparison.settings import (FLAG_NAMES, define_flags, period_ratios,
+                                             sweep_ratios, validate)
 
 __all__ = ["FLAG_NAMES", "declare_key_flags", "define_flags", "main", "run", "validate"]
 
@@ -73,15 +79,10 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
     out = pathlib.Path(c.out_dir)  # compare_at and calibrate make the directories they use
     if sweep_ratios(c):
         return run_sweep(c, out, sweep_ratios(c), started)
-    if c.bandwidth_mbit is not None:
-        costs = measure_comm_costs(c, out, c.bandwidth_mbit, None)
-        return compare_at(c, out, c.bandwidth_mbit, Regime(None, "fixed", None, **costs),
-                          started)
-    bandwidths, record = calibrate.calibrate(c, out, [c.comm_to_compute])
-    bandwidth = bandwidths[c.comm_to_compute]
-    costs = measure_comm_costs(c, out, bandwidth, record)
-    return compare_at(c, out, bandwidth,
-                      Regime(c.comm_to_compute, "calibrated", record, **costs), started)
+    if period_ratios(c):
+        return run_period_sweep(c, out, period_ratios(c), started)
+    bandwidth, regime = link_and_regime(c, out)
+    return compare_at(c, out, bandwidth, regime, started)
 
 
 main = config_lib.script_main(run)

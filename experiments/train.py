@@ -56,6 +56,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_string, "start_barrier", "", "DIR:COUNT: wait before training until "
            "COUNT processes (all ranks of all jobs meant to run together) arrived, and again "
            "after --warmup_steps, so that their timed steps start together.")
+    define(flags.DEFINE_float, "start_shift_s", 0.0, "Wait this long after the timed-start "
+           "barrier before the first timed step: the static start shift of the comparison's "
+           "shift scenario (crossover_tf_planner/shift_rule.py), set once, never corrected.")
     define(flags.DEFINE_integer, "memory_limit_mb", 0, "GPU only: cap this job's GPU memory "
            "at this many MiB (0: memory growth, TensorFlow takes memory as it needs it).")
     define(flags.DEFINE_enum, "priority", "normal", "Lease priority class: jobs of one class "
@@ -103,6 +106,11 @@ def validate(c: Any) -> None:
                        f"{c.learning_rate}")
     config_lib.require(c.lease_timeout_s > 0, "lease_timeout_s must be positive")
     config_lib.require(c.threads >= 0, "threads must be >= 0")
+    config_lib.require(c.start_shift_s == 0 or (c.start_shift_s > 0 and c.start_barrier
+                                                and c.warmup_steps >= 1),
+                       f"start_shift_s shifts the timed start of jobs that run together: it "
+                       f"must be >= 0 and, when set, needs --start_barrier and --warmup_steps "
+                       f">= 1, got {c.start_shift_s}")
     config_lib.require(c.memory_limit_mb >= 0, "memory_limit_mb must be >= 0 (0: growth)")
     config_lib.require(c.micro_batches >= 1, "micro_batches must be >= 1")
     config_lib.require(c.global_batch_size % c.micro_batches == 0,
@@ -172,7 +180,8 @@ def run(flag_values: flags.FlagValues = flags.FLAGS,
         barrier.wait_at_barrier(barrier.phase(c.start_barrier, "start"), me)
         if c.warmup_steps:  # the timed steps of every job start together too
             barriers.append(barrier.TimedStartBarrier(barrier.phase(c.start_barrier, "timed"),
-                                                      me, c.warmup_steps, strategy))
+                                                      me, c.warmup_steps, strategy,
+                                                      shift_s=c.start_shift_s))
     start_ns = time.time_ns()
     model.fit(train_data, epochs=c.epochs, steps_per_epoch=c.steps, verbose=0,
               callbacks=[*strategy.callbacks(micro_batches=c.micro_batches), *barriers,

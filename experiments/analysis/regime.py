@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from crossover_tf_planner import registry
 from crossover_tf_planner.compare_record import Comparison, Trial
+from experiments.comparison import period_calibrate, period_fit
 from experiments.comparison import trials as trials_lib
 
 TOLERANCE = 0.15  # a trial's M/C within +-15% of the asked-for M/C is in the regime
@@ -27,25 +28,39 @@ def in_tolerance(ratio: float, asked: float) -> bool:
     return abs(ratio / asked - 1) <= TOLERANCE
 
 
-def judge(per_trial: Sequence[Trial], asked: float | None) -> list[Trial]:
-    """The trials with those out of the regime kept for their tables but without ratios (so
-    out of every median, interval, verdict and the representative trial), the reason under
-    invalid: the calls then rest on the trials that ran at the asked-for M/C. Unchanged where
-    nothing was asked (a fixed link), or where every trial, or none, is in the regime (then
-    the calls rest on all of them, and compare.md says at which M/C)."""
-    if asked is None:
+def judge(per_trial: Sequence[Trial], asked: float | None,
+          period_asked: float | None = None) -> list[Trial]:
+    """The trials with those out of the regime (M/C, and T_B/T_A where `period_asked`) kept
+    for their tables but without ratios (so out of every median, interval, verdict and the
+    representative trial), the reason under invalid: the calls then rest on the trials that
+    ran in the asked-for regime. Unchanged where nothing was asked (a fixed link, twin jobs),
+    or where every trial, or none, is in the regime (then the calls rest on all of them, and
+    compare.md says at which M/C and T_B/T_A)."""
+    if asked is None and period_asked is None:
         return list(per_trial)
-    ratio = {i: trials_lib.comm_to_compute(t) for i, t in enumerate(per_trial)
-             if t.solo_stats()}
-    inside = {i for i, r in ratio.items() if in_tolerance(r, asked)}
+    off = {i: _off_regime(t, asked, period_asked) for i, t in enumerate(per_trial)}
+    inside = {i for i, reason in off.items() if reason is None}
     if not inside or len(inside) == len(per_trial):
         return list(per_trial)
     return [t if i in inside else dataclasses.replace(
         t, ratios={}, invalid={**t.invalid, registry.OUT_OF_REGIME: (
-            f"its solo runs' M/C {ratio[i]:.2f} is more than {TOLERANCE:.0%} off the asked-for "
-            f"{asked:g}: every ratio of this trial is left out of the calls" if i in ratio else
-            "no solo runs to say its M/C: every ratio of this trial is left out of the calls")})
+            f"{off[i]}: every ratio of this trial is left out of the calls")})
         for i, t in enumerate(per_trial)]
+
+
+def _off_regime(trial: Trial, asked: float | None, period_asked: float | None) -> str | None:
+    """Why a trial is out of the regime (None: in it)."""
+    if not trial.solo_stats():
+        return "no solo runs to say its M/C"
+    ratio = trials_lib.comm_to_compute(trial)
+    if asked is not None and not in_tolerance(ratio, asked):
+        return (f"its solo runs' M/C {ratio:.2f} is more than {TOLERANCE:.0%} off the "
+                f"asked-for {asked:g}")
+    period = period_calibrate.period_ratio(trial.solo_stats())
+    if period_asked is not None and not period_fit.in_tolerance(period, period_asked):
+        return (f"its solo runs' T_B/T_A {period:.2f} is more than "
+                f"{period_fit.TOLERANCE:.0%} off the asked-for {period_asked:g}")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,22 +75,28 @@ class TrialRegime:
     comm_to_compute: float
     in_regime: bool | None
     bandwidth_mbit: float | None = None  # the link this trial ran at (re-shaped after a drift)
+    period_ratio: float | None = None  # T_B/T_A of its solo runs (two jobs)
+    in_period_regime: bool | None = None  # within period_fit.TOLERANCE (None: none asked)
 
 
 def trial_regimes(result: Comparison) -> list[TrialRegime]:
     """Every trial's regime, in trial order (none for a trial without solo runs)."""
     asked = result.regime.comm_to_compute_asked if result.regime else None
+    period_asked = result.regime.period_ratio_asked if result.regime else None
     out = []
     for index, trial in enumerate(result.trials_or_self):
         solos = trial.solo_stats()
         if not solos:
             continue
         ratio = trials_lib.comm_to_compute(trial)
+        period = period_calibrate.period_ratio(solos) if set(solos) == {"A", "B"} else None
         out.append(TrialRegime(
             index, {j: s.step_time_s for j, s in solos.items()},
             {j: s.device_s for j, s in solos.items()}, {j: s.comm_s for j, s in solos.items()},
             ratio, None if asked is None else in_tolerance(ratio, asked),
-            trial.settings.get("bandwidth_mbit")))
+            trial.settings.get("bandwidth_mbit"), period,
+            None if period_asked is None or period is None
+            else period_fit.in_tolerance(period, period_asked)))
     return out
 
 
@@ -85,9 +106,11 @@ def in_regime_count(result: Comparison) -> tuple[int, int] | None:
 
 
 def _count(regimes: list[TrialRegime]) -> tuple[int, int] | None:
+    """(trials in the regime: M/C, and T_B/T_A where asked; trials) where M/C was asked."""
     if not regimes or regimes[0].in_regime is None:
         return None
-    return sum(r.in_regime for r in regimes), len(regimes)
+    return (sum(bool(r.in_regime) and r.in_period_regime is not False for r in regimes),
+            len(regimes))
 
 
 def drift_lines(result: Comparison) -> list[str]:
@@ -98,24 +121,37 @@ def drift_lines(result: Comparison) -> list[str]:
         return []
     jobs = list(regimes[0].step_s)
     asked = result.regime.comm_to_compute_asked if result.regime else None
+    period_asked = result.regime.period_ratio_asked if result.regime else None
     mark = f"within ±{TOLERANCE:.0%} of {asked:g}" if asked is not None else "no M/C asked"
+    period_head = (f" T_B/T_A | within ±{period_fit.TOLERANCE:.0%} of {period_asked:g} |"
+                   if period_asked is not None else "")
     lines = ["", "Each trial's solo runs (drift shows here: C growing while M stays means the "
-             "machine slowed, and M/C falls):", "",
+             "machine slowed, and M/C falls"
+             + ("; M/C is job A's, job B being shaped to the asked-for T_B/T_A" if period_head
+                else "") + "):", "",
              "| trial | Mbit/s | " + " | ".join(f"{j} step / C / M (ms)" for j in jobs)
-             + f" | M/C | {mark} |",
-             "|---|---:|" + "---:|" * (len(jobs) + 1) + ":---:|"]
+             + f" | M/C | {mark} |" + period_head,
+             "|---|---:|" + "---:|" * (len(jobs) + 1) + ":---:|"
+             + ("---:|:---:|" if period_head else "")]
     for r in regimes:
         cells = [f"{1e3 * r.step_s[j]:.0f} / {1e3 * r.compute_s[j]:.0f} / {1e3 * r.comm_s[j]:.0f}"
                  for j in jobs]
-        verdict = "—" if r.in_regime is None else ("yes" if r.in_regime else "**no**")
         link = "—" if r.bandwidth_mbit is None else f"{r.bandwidth_mbit:.4g}"
+        period = (f" {r.period_ratio:.2f} | {_mark(r.in_period_regime)} |"
+                  if period_head and r.period_ratio is not None else "")
         lines.append(f"| {r.trial} | {link} | " + " | ".join(cells)
-                     + f" | {r.comm_to_compute:.2f} | {verdict} |")
+                     + f" | {r.comm_to_compute:.2f} | {_mark(r.in_regime)} |" + period)
     counted = _count(regimes)
     if counted is not None:
+        period_also = (f" and of the asked-for T_B/T_A {period_asked:g} "
+                       f"(±{period_fit.TOLERANCE:.0%})" if period_head else "")
         lines += ["", f"{counted[0]} of {counted[1]} trials ran within ±{TOLERANCE:.0%} of the "
-                  f"asked-for M/C {asked:g}{calls_basis(result)}"]
+                  f"asked-for M/C {asked:g}{period_also}{calls_basis(result)}"]
     return lines
+
+
+def _mark(inside: bool | None) -> str:
+    return "—" if inside is None else ("yes" if inside else "**no**")
 
 
 def calls_basis(result: Comparison) -> str:

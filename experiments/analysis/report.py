@@ -9,7 +9,7 @@ from crossover_tf_planner import registry
 from crossover_tf_planner.compare_record import (Comparison, IdealRound, ScenarioResult, Spread,
                                              Trial)
 from crossover_tf_planner.job_stats import JobStats
-from experiments.analysis import attribute, intervals, planner_errors, planning
+from experiments.analysis import attribute, intervals, planner_errors, planning, shift_table
 from experiments.analysis import regime as regime_lib
 from experiments.comparison import trials
 
@@ -235,6 +235,7 @@ def markdown(result: Comparison | Trial) -> str:
         lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
                      f"{1e3 * solo.step_time_s:.1f} |")
     lines += regime_lib.drift_lines(result) + regime_lib.drift_probe_lines(result)
+    lines += shift_table.shift_lines(result)
     if result.planner is not None:
         lines += _planner_lines(result, result.planner)
     if {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_NAIVE.key} <= set(

@@ -27,19 +27,19 @@ class NotEmulated(RuntimeError):
     """The cluster fell back to localhost ranks: no link to calibrate or probe."""
 
 
-def solo_run(c: Any, out: pathlib.Path, bandwidth: float, run_name: str
-             ) -> tuple[JobStats, float, int]:
-    """A short solo run of job A (holding an uncontended lease) on a cluster at `bandwidth`:
+def solo_run(c: Any, out: pathlib.Path, bandwidth: float | None, run_name: str,
+             job: str = "A", emulated: bool = True) -> tuple[JobStats, float, int]:
+    """A short solo run of `job` (holding an uncontended lease) on a cluster at `bandwidth`:
     its stats, its wall time (start-up included) and its steps; NotEmulated on a localhost
-    fallback."""
+    fallback unless `emulated` is False (a run that needs no shaped link)."""
     steps = c.warmup_steps + c.calibration_timed_steps
-    with cluster(c, bandwidth) as emulated:
-        if not emulated.is_emulated:
+    with cluster(c, bandwidth) as hosts:
+        if emulated and not hosts.is_emulated:
             raise NotEmulated(f"the emulated, shaped cluster fell back to localhost "
-                              f"({emulated.fallback_reason})")
+                              f"({hosts.fallback_reason})")
         started = time.monotonic()
-        stats = scenarios.run_scenario(emulated, c, "sequential", out, run_name=run_name,
-                                       jobs=("A",), steps=steps)["A"]
+        stats = scenarios.run_scenario(hosts, c, "sequential", out, run_name=run_name,
+                                       jobs=(job,), steps=steps)[job]
         return stats, time.monotonic() - started, steps
 
 

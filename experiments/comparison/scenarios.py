@@ -6,8 +6,9 @@ module knows how: each rank's train.py command, lease groups, start barriers, lo
 Scenarios: sequential (each job alone, one after another), naive (all together, no lease),
 crossover (all together on one lease group, FIFO turns), naive_env and crossover_env (naive
 and crossover with extra environment variables for every rank, e.g. HOROVOD_CYCLE_TIME=5: a
-runtime setting measured in the same interleaved trials as the plain scenarios), crossover_turn
-(crossover whose jobs also take link turns: one allreduce at a time) and priority
+runtime setting measured in the same interleaved trials as the plain scenarios), shift (naive
+with the second job's timed steps started at a static shift, comparison/shift.py),
+crossover_turn (crossover whose jobs also take link turns: one allreduce at a time) and priority
 (two jobs on one lease group: the first is the primary, the second a secondary split into
 micro-batches).
 """
@@ -23,7 +24,8 @@ from typing import Any, Mapping, Sequence
 from absl import logging
 
 from crossover_tf_planner.job_stats import JobStats
-from crossover_tf_planner.registry import CONCURRENT, SCENARIOS, WITH_ENV
+from crossover_tf_planner.registry import CONCURRENT, NO_LEASE, SCENARIOS, SHIFT, WITH_ENV
+from experiments.comparison import period_fit
 
 JOB_NAMES = "ABCD"  # compare.py runs 2..4 jobs, named in this order
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -66,26 +68,42 @@ def job_settings(name: str, jobs: Sequence[str], secondary_micro_batches: int
             for i, job in enumerate(jobs)}
 
 
+def job_shape(c: Any, job: str, steps: int | None = None) -> dict[str, Any]:
+    """A job's model, global batch and steps: the comparison's, except job B's where it is
+    shaped to another period (--job_b_model, --job_b_global_batch_size: comparison/
+    period_calibrate.py); a shaped B runs its timed steps over the period ratio, so that
+    both jobs' timed runs last about as long (`steps`, a calibration run's, stays)."""
+    shape = {"model": c.model, "global_batch_size": c.global_batch_size,
+             "steps": steps or c.steps}
+    model, batch = getattr(c, "job_b_model", ""), getattr(c, "job_b_global_batch_size", 0)
+    if job != "B" or not (model or batch):  # (settings made by hand may name neither)
+        return shape
+    return {"model": model or c.model, "global_batch_size": batch or c.global_batch_size,
+            "steps": steps or period_fit.steps_for(c.steps, c.warmup_steps,
+                                                   getattr(c, "period_ratio", 0.0) or 1.0)}
+
+
 def train_command(c: Any, job: str, group: str, model_dir: str, barrier: str,
                   steps: int | None = None, extra: Mapping[str, Any] | None = None
                   ) -> list[str]:
-    """One rank's command: train.py with the comparison's training settings (and `extra`)."""
+    """One rank's command: train.py with the comparison's training settings (job_shape's
+    model, batch and steps for this job) and `extra`."""
     from experiments import train
     return train.train_argv({
-        "job": job, "group": group, "model": c.model, "dataset": c.dataset,
-        "global_batch_size": c.global_batch_size, "steps": steps or c.steps,
+        "job": job, "group": group, "dataset": c.dataset, **job_shape(c, job, steps),
         "warmup_steps": c.warmup_steps, "learning_rate": c.learning_rate,
         "jit_compile": c.jit_compile, "model_dir": model_dir, "start_barrier": barrier,
         "backend": c.backend, **(extra or {})})
 
 
 def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: str = "",
-                 jobs: Sequence[str] = ("A", "B"), steps: int | None = None
-                 ) -> dict[str, JobStats]:
+                 jobs: Sequence[str] = ("A", "B"), steps: int | None = None,
+                 start_shifts: Mapping[str, float] | None = None) -> dict[str, JobStats]:
     """Runs the jobs of scenario `name` (sequential: one after the other, each holding an
     uncontended lease so its timeline gives C and M; naive: together without a lease;
     crossover: together sharing one; naive_env and crossover_env: naive and crossover with
-    --scenario_env in every rank's environment; crossover_turn: crossover with link turns;
+    --scenario_env in every rank's environment; shift: naive, each job's timed steps started
+    `start_shifts` seconds after the barrier; crossover_turn: crossover with link turns;
     priority: together sharing one, as primary and secondaries).
     TensorBoard runs, logs and barriers go under `run_name` (default: the scenario's name).
     Returns each job's rank-0 stats.json contents."""
@@ -93,12 +111,16 @@ def run_scenario(cluster: Any, c: Any, name: str, out: pathlib.Path, run_name: s
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; choose from sequential, "
                          f"{', '.join(CONCURRENT)}")
+    if (name == SHIFT) != (start_shifts is not None):
+        raise ValueError("start shifts go with the shift scenario, and it needs them")
     run_name = run_name or name
-    group = "" if name.startswith("naive") else f"xo{uuid.uuid4().hex[:8]}"
+    group = "" if name in NO_LEASE else f"xo{uuid.uuid4().hex[:8]}"
     env = parse_env(c.scenario_env) if name in WITH_ENV else {}
     tensorboard_dir = out / "tensorboard" / run_name
     concurrent = name in CONCURRENT
     extra = job_settings(name, jobs, c.secondary_micro_batches)
+    for job, shift_s in (start_shifts or {}).items():
+        extra[job]["start_shift_s"] = shift_s
     if c.horovod_timelines:  # rank 0's, next to the job's stats.json
         for job in jobs:
             extra[job]["horovod_timeline"] = str(tensorboard_dir / job / "horovod_timeline.json")

@@ -3,6 +3,7 @@ train.py and launch_pair.py) and their validation, before anything runs."""
 from __future__ import annotations
 
 import math
+import types
 from typing import Any
 
 from absl import flags
@@ -10,10 +11,11 @@ from absl import flags
 from crossover_tf_planner.policies import MEASURED
 from crossover_tf_planner.registry import SCENARIOS, WITH_ENV
 from experiments import config as config_lib
-from experiments.comparison import budget, calibration, scenarios
+from experiments.comparison import budget, calibration, period_fit, scenarios
 
 MAX_TRIALS = 20
 MAX_SWEEP_POINTS = 8
+MIN_PERIOD_RATIO, MAX_PERIOD_RATIO = 0.25, 4.0
 # train.py's flags every rank gets from the comparison (scenarios.train_command), with the
 # comparison's defaults (None: train.py's).
 TRAINING = {"model": "resnet20", "dataset": "synthetic:cifar10", "global_batch_size": 128,
@@ -66,6 +68,20 @@ def _define_own(flag_values: flags.FlagValues) -> None:
            "attribution.md then splits each allreduce into waiting for the other ranks and the "
            "transfer. Horovod's timeline writer thread spins (a yield loop), taking much of a "
            "CPU device: the throughput numbers of such a run are not comparable.")
+    define(flags.DEFINE_float, "period_ratio", 0.0,
+           "Asked-for T_B/T_A (0: job B is job A's twin): job B's global batch is calibrated by "
+           "short solo runs at the comparison's link so that its step is this multiple of job "
+           f"A's within ±{period_fit.TOLERANCE:.0%}, and re-picked when a trial drifts off it; "
+           "B then runs its timed steps over this ratio.")
+    define(flags.DEFINE_list, "sweep_period_ratio", [],
+           f"T_B/T_A ratios (up to {MAX_SWEEP_POINTS}) to run the comparison at, job B shaped "
+           "to each as --period_ratio does, on one link; writes shift.{json,md}: each scenario "
+           "over naive against the planner's prediction made before the trials.")
+    define(flags.DEFINE_string, "job_b_model", "",
+           "Job B's model (empty: --model), e.g. to reach a --period_ratio its batch cannot.")
+    define(flags.DEFINE_integer, "job_b_global_batch_size", 0,
+           "Job B's global batch (0: --global_batch_size; with --period_ratio, where its "
+           "calibration starts).")
     define(flags.DEFINE_list, "scenario_env", [],
            "KEY=VALUE environment for every rank of the naive_env and crossover_env scenarios "
            "(e.g. HOROVOD_CYCLE_TIME=5): a runtime setting measured side by side with naive "
@@ -86,13 +102,22 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 FLAG_NAMES = [*TRAINING, *CLUSTER, *config_lib.defined_names(_define_own)]
 
 
-def sweep_ratios(c: Any) -> list[float]:
-    """--sweep_comm_to_compute as floats (a clear error for anything else)."""
+def _numbers(c: Any, name: str) -> list[float]:
+    """A list flag as floats (a clear error for anything else)."""
     try:
-        return [float(r) for r in c.sweep_comm_to_compute]
+        return [float(r) for r in getattr(c, name)]
     except (TypeError, ValueError):
-        raise ValueError(f"sweep_comm_to_compute must be numbers, got "
-                         f"{c.sweep_comm_to_compute!r}") from None
+        raise ValueError(f"{name} must be numbers, got {getattr(c, name)!r}") from None
+
+
+def period_ratios(c: Any) -> list[float]:
+    """--sweep_period_ratio as floats."""
+    return _numbers(c, "sweep_period_ratio")
+
+
+def sweep_ratios(c: Any) -> list[float]:
+    """--sweep_comm_to_compute as floats."""
+    return _numbers(c, "sweep_comm_to_compute")
 
 
 def validate(c: Any) -> None:
@@ -113,6 +138,7 @@ def validate(c: Any) -> None:
     _validate_scenarios(c)
     require(1 <= c.trials <= MAX_TRIALS, f"trials must be in 1..{MAX_TRIALS}, got {c.trials}")
     _validate_regime(c)
+    _validate_job_b(c)
 
 
 def _validate_scenarios(c: Any) -> None:
@@ -125,6 +151,9 @@ def _validate_scenarios(c: Any) -> None:
             f"jobs must be in 2..{len(scenarios.JOB_NAMES)}, got {c.jobs}")
     require("priority" not in c.scenarios or c.jobs == 2,
             "the priority scenario runs one primary and one secondary: --jobs=2")
+    require("shift" not in c.scenarios or (c.jobs == 2 and c.warmup_steps >= 1),
+            "the shift scenario starts job B at a shift from job A after the warm-up's "
+            "barrier: --jobs=2 and --warmup_steps >= 1")
     require(c.secondary_micro_batches >= 1
             and (c.global_batch_size // c.num_hosts) % c.secondary_micro_batches == 0,
             f"secondary_micro_batches must divide each rank's batch "
@@ -161,6 +190,42 @@ def _validate_regime(c: Any) -> None:
             f"budget_minutes must be >= 0 (0: no budget), got {c.budget_minutes}")
     require(c.calibration_timed_steps >= 5,
             f"calibration_timed_steps must be >= 5, got {c.calibration_timed_steps}")
+
+
+def _validate_job_b(c: Any) -> None:
+    require = config_lib.require
+    swept = period_ratios(c)
+    require(not swept or not (c.period_ratio or sweep_ratios(c)),
+            "sweep_period_ratio sets job B's period ratio itself: drop --period_ratio and "
+            "--sweep_comm_to_compute")
+    require(len(swept) <= MAX_SWEEP_POINTS and len(set(swept)) == len(swept),
+            f"sweep_period_ratio takes up to {MAX_SWEEP_POINTS} distinct ratios, got {swept}")
+    require(not swept or "naive" in c.scenarios,
+            "sweep_period_ratio tabulates every scenario over naive: run naive")
+    for ratio in swept or [c.period_ratio]:
+        _validate_period_ratio(c, ratio)
+
+
+def _validate_period_ratio(c: Any, ratio: float) -> None:
+    require = config_lib.require
+    require(math.isfinite(ratio) and (ratio == 0 or MIN_PERIOD_RATIO <= ratio <= MAX_PERIOD_RATIO),
+            f"period_ratio must be 0 (job B is job A's twin) or in [{MIN_PERIOD_RATIO:g}, "
+            f"{MAX_PERIOD_RATIO:g}], got {ratio}")
+    require(c.job_b_global_batch_size >= 0
+            and c.job_b_global_batch_size % max(c.num_hosts, 1) == 0,
+            f"job_b_global_batch_size must be 0 or a positive multiple of num_hosts, got "
+            f"{c.job_b_global_batch_size}")
+    shaped = ratio or c.job_b_model or c.job_b_global_batch_size
+    require(not shaped or c.jobs == 2,
+            "--period_ratio, --job_b_model and --job_b_global_batch_size shape job B of a "
+            "pair: --jobs=2")
+    require(not ratio or (c.steps - c.warmup_steps) / ratio >= 10,
+            f"with --period_ratio={ratio:g} job B runs (steps - warmup_steps) / "
+            f"{ratio:g} timed steps: need at least 10, so steps - warmup_steps >= "
+            f"{math.ceil(10 * ratio)}")
+    if shaped:  # train.py validates job B's command as it will run
+        scenarios.train_command(types.SimpleNamespace(**{**vars(c), "period_ratio": ratio}),
+                                "B", "", "", "")
 
 
 def scenario_names(c: Any) -> list[str]:

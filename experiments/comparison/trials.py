@@ -67,9 +67,16 @@ def spread(values: Sequence[float], trials: int | None = None) -> Spread:
                   trials if trials is not None and trials != len(values) else None)
 
 
+def regime_solos(solos: Mapping[str, Any], settings: Mapping[str, Any]) -> list[Any]:
+    """The solo runs the M/C regime is measured on: every job's; job A's alone where job B
+    is shaped to another period (--period_ratio: B's C is then not the one calibrated)."""
+    return [solos["A"]] if settings.get("period_ratio") else list(solos.values())
+
+
 def comm_to_compute(trial: Trial | Comparison) -> float:
-    """M/C of one trial from its solo profiles: total allreduce over total device time."""
-    solos = trial.solo_stats().values()
+    """M/C of one trial from its solo profiles (regime_solos): total allreduce over total
+    device time."""
+    solos = regime_solos(trial.solo_stats(), trial.settings)
     return sum(s.comm_s for s in solos) / sum(s.device_s for s in solos)
 
 

@@ -639,6 +639,31 @@ def test_compare_three_jobs_crossing_end_to_end(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+def test_compare_shift_end_to_end_on_the_tiniest_model(tmp_path):
+    """The shift scenario on the tiniest comparison: job B leaves the timed-start barrier the
+    rule's shift after job A (its sleep lands in its last warm-up step), both free-running
+    without a lease, and the comparison reports shift / naive with its interval."""
+    warmup = TINIEST_COMPARISON["warmup_steps"]
+    compare.run(overrides={
+        **TINIEST_COMPARISON, "steps": 120, "scenarios": ["sequential", "naive", "shift"],
+        "horovod_timelines": False, "comm_cpu_probe": False, "drift_probe": False,
+        "out_dir": str(tmp_path)})
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    plan = saved["per_trial"][0]["settings"]["shift"]
+    shifts = plan["start_shifts_s"]
+    assert shifts["A"] == 0.0 and 0.0 <= shifts["B"] < plan["hyperperiod_s"]
+    jobs = {job: JobStats.from_dict(saved["scenarios"]["shift"]["jobs"][job]) for job in "AB"}
+    assert all(not j.group for j in jobs.values())  # free-running, as in naive
+    late_s = (jobs["B"].step_end_ns[warmup - 1] - jobs["A"].step_end_ns[warmup - 1]) / 1e9
+    assert shifts["B"] - 0.05 < late_s < shifts["B"] + 0.1, (late_s, shifts)
+    assert saved["ratios"]["shift_over_naive"] > 0 and saved["ratio_interval"]["shift_over_naive"]
+    assert "| shift / naive |" in (tmp_path / "compare.md").read_text()
+    header = (tmp_path / "logs" / "t0_shift" / "B" / "rank0.log").read_text().splitlines()[0]
+    assert f"--start_shift_s={shifts['B']}" in header, header[:2000]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_real_jobs_of_unequal_length_make_a_window_the_guard_refuses(tmp_path):
     """Two real jobs started together (both barriers) where B runs 8x as many steps as A: the
     window is A's timed run, a sliver of B's, and the guard says so; the same jobs pass with

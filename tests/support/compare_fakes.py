@@ -38,7 +38,8 @@ def scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
                     ) -> dict[str, dict[str, JobStats]]:
     """sequential at the solo step, naive 1.2x and crossover `crossover_speedup`x the
     sequential aggregate (each job at half its solo rate times the speedup); naive_env and
-    crossover_env 1.1x and 1.05x their plain scenario, crossover_turn 1.15x crossover."""
+    crossover_env 1.1x and 1.05x their plain scenario, crossover_turn 1.15x crossover, shift
+    1.25x sequential."""
     solo = 1.1 * compute_s + comm_s
     return {"sequential": {j: job_stats(j, solo, compute_s, comm_s) for j in "AB"},
             "naive": {j: job_stats(j, 2 * solo / 1.2, compute_s, comm_s) for j in "AB"},
@@ -48,6 +49,7 @@ def scenario_stats(compute_s: float, comm_s: float, crossover_speedup: float
                                         comm_s) for j in "AB"},
             "naive_env": {j: job_stats(j, 2 * solo / (1.1 * 1.2), compute_s, comm_s)
                           for j in "AB"},
+            "shift": {j: job_stats(j, 2 * solo / 1.25, compute_s, comm_s) for j in "AB"},
             "crossover_turn": {j: job_stats(j, 2 * solo / (1.15 * crossover_speedup), compute_s,
                                          comm_s) for j in "AB"}}
 
@@ -82,16 +84,21 @@ LINK = CommFit(fixed_s=20 * MS, per_mbit_s=5.0)  # the fake link's M(B)
 COMPUTE_S = 0.1 / 1.1  # device time 100 ms with the 10% apply
 NOISY_COMM_S: dict[float, float] = {}  # bandwidth -> M overriding LINK (a noisy measurement)
 DRIFT_RUNS: list[str] = []  # the drift probe's runs (fake_runs keeps them out of its calls)
+START_SHIFTS: dict[str, dict[str, float]] = {}  # run name -> the start shifts it was given
 
 
 def install_fake_runs(monkeypatch) -> list[str]:
     """Replaces the cluster and the jobs: M follows LINK at the cluster's bandwidth; the
     crossover speed-up differs per trial (1.4, 1.6, 1.2, ...). Returns the list every run's
-    name is recorded in (the test's fake_runs fixture)."""
+    name is recorded in (the test's fake_runs fixture); START_SHIFTS gets each shift run's
+    start shifts."""
     calls = []
 
-    def run_scenario(cluster, c, name, out, run_name="", jobs=("A", "B"), steps=None):
+    def run_scenario(cluster, c, name, out, run_name="", jobs=("A", "B"), steps=None,
+                     start_shifts=None):
         (DRIFT_RUNS if out.name == "drift_probe" else calls).append(run_name)
+        if start_shifts is not None:
+            START_SHIFTS[run_name] = dict(start_shifts)
         comm_s = NOISY_COMM_S.get(cluster.bandwidth_mbit, LINK.comm_s(cluster.bandwidth_mbit))
         trial = int(run_name[1:].split("_")[0]) if run_name.startswith("t") else 0
         stats = scenario_stats(COMPUTE_S, comm_s, 1.4 + 0.2 * ((trial + 1) % 3 - 1))[name]
@@ -108,6 +115,7 @@ def install_fake_runs(monkeypatch) -> list[str]:
 
     from experiments.probes import comm_cpu
     DRIFT_RUNS.clear()
+    START_SHIFTS.clear()
     monkeypatch.setattr(calibrate, "cluster", lambda c, bandwidth: FakeCluster(bandwidth))
     monkeypatch.setattr(scenarios, "run_scenario", run_scenario)
     monkeypatch.setattr(comm_cpu, "measure", measure)

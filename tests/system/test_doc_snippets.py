@@ -60,9 +60,11 @@ NOT_RUN = {"skip", "cannot-run-here"}
 DEFAULT_TIMEOUT_S = 180.0
 # Top-level names in text that are outputs or local state, not repository paths.
 NOT_REPO_ROOTS = {"runs", "build", "dist"}
-# Commands that never run inside the suite: the main job (30 minutes) and the suite itself,
-# which would run this file again, inside itself. A block naming one must carry a marker.
-NEVER_INSIDE_THE_SUITE = ("scripts/run_main.sh", "scripts/test.sh", "pytest")
+# Commands that never run inside the suite: the main job (30 minutes), the shift experiment (60)
+# and the suite itself, which would run this file again, inside itself. A block naming one must
+# carry a marker.
+NEVER_INSIDE_THE_SUITE = ("scripts/run_main.sh", "scripts/run_shift.sh", "scripts/test.sh",
+                          "pytest")
 INSIDE_A_SNIPPET = "CROSSOVER_DOC_SNIPPET"  # set for every block: no nested snippet runs
 # Where a skipped block's command runs instead: a file under one of these (its reason names it).
 COVERING_ROOTS = ("tests/", "scripts/", ".ci/")

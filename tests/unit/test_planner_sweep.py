@@ -43,3 +43,13 @@ def test_bad_grid():
         sweep.run_sweep((), PERIODS)
     with pytest.raises(ValueError, match="> 0"):
         sweep.run_sweep((-1.0,), PERIODS)
+
+
+def test_the_shift_experiments_cells_are_marked(result):
+    """Job A at C/M 1 with T_B/T_A 1, 1.5 and 2 (scripts/run_shift.sh) are marked in the
+    table (†) and outlined on the heat map, where their measurements will go."""
+    assert result.measured_cells() == [(1, 0), (1, 1), (1, 2)]
+    table = result.to_markdown()
+    assert table.count("†") == 4 and "| 1.5 | 0% / 33% | 0% / 67%† |" in table  # and a legend
+    off_grid = sweep.run_sweep((0.5, 2.0), (3.0,))
+    assert off_grid.measured_cells() == [] and "†" not in off_grid.to_markdown()
