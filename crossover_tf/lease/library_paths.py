@@ -14,6 +14,7 @@ import pathlib
 LEASE_PACKAGE = pathlib.Path(__file__).parent
 REPO_OPS = LEASE_PACKAGE.resolve().parents[1] / "ops"
 PACKAGED_SOURCES = LEASE_PACKAGE / "op_sources"
+OP_LIBRARY = "_lease_ops.so"  # the op library's file name, wherever it is built
 # What the op library is made of (ops/Makefile's `op` target): what a wheel carries in
 # PACKAGED_SOURCES (setup.py copies them), and what op_cache's build key digests.
 OP_SOURCE_GLOBS = ("Makefile", "core/*.cc", "core/*.h", "tf/*.cc", "tf/*.h")

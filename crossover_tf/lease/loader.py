@@ -20,9 +20,9 @@ import tensorflow as tf
 from absl import logging
 
 from crossover_tf.lease import op_cache
-from crossover_tf.lease.library_paths import library_candidates, op_sources
+from crossover_tf.lease.library_paths import OP_LIBRARY, library_candidates, op_sources
 
-LIBRARY_NAME = "_lease_ops.so"
+LIBRARY_NAME = OP_LIBRARY
 # Where the library may be: $CROSSOVER_LEASE_OPS (explicit), else library_paths' places.
 LIBRARY_CANDIDATES = library_candidates(LIBRARY_NAME)
 REBUILD_HINT = ("unset CROSSOVER_LEASE_OPS to have crossover_tf compile the library for this "

@@ -34,10 +34,10 @@ from collections.abc import Iterator, Mapping
 from absl import logging
 
 from crossover_tf.lease.file_lock import flock_within
-from crossover_tf.lease.library_paths import OP_SOURCE_GLOBS
+from crossover_tf.lease.library_paths import OP_LIBRARY, OP_SOURCE_GLOBS
 
-LIBRARY_NAME = "_lease_ops.so"
-RECORD_NAME = "_lease_ops.build.json"
+LIBRARY_NAME = OP_LIBRARY
+RECORD_NAME = pathlib.Path(OP_LIBRARY).with_suffix(".build.json").name  # as the loader reads
 BUILD_TIMEOUT_S = 900.0      # the compile takes about a minute on 2 idle cores
 LOCK_POLL_S = 0.25
 LOG_TAIL_LINES = 40

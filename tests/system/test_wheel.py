@@ -25,6 +25,7 @@ import zipfile
 import pytest
 
 from conftest import REPO_ROOT, WORKERS
+from crossover_tf.lease import op_cache
 from test_doc_snippets import extract_blocks
 
 USER_SCRIPT = WORKERS / "wheel_user_train.py"
@@ -77,8 +78,7 @@ def tensorflow_distribution() -> str:
 
 def horovod_wheel_dir(tf_name: str) -> pathlib.Path:
     """scripts/install.sh's cache of the Horovod wheel built against this TensorFlow."""
-    cache = os.environ.get("CROSSOVER_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "crossover_tf")
+    cache = op_cache.cache_root().parent  # the project's cache folder, the op's beside it
     hvd = pin("horovod").split("==")[1]
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     name = f"horovod-{hvd}-{tf_name}-{importlib.metadata.version(tf_name)}-{tag}"
