@@ -32,13 +32,15 @@ _GUARDED = "_crossover_guarded"
 
 
 def guard_fit(model_class: type = keras.Model) -> None:
-    """Wraps model_class.fit, evaluate and predict (once per process); models without an
-    owner in a process with no distributed job are untouched."""
+    """Wraps model_class.fit, evaluate and predict, and their one-batch forms train_on_batch,
+    test_on_batch and predict_on_batch (once per process); models without an owner in a
+    process with no distributed job are untouched."""
     if getattr(model_class.fit, _GUARDED, False):
         return
     model_class.fit = _guarded(model_class.fit, _fit)
-    for name in ("evaluate", "predict"):
+    for name in ("evaluate", "predict", "test_on_batch", "predict_on_batch"):
         setattr(model_class, name, _guarded(getattr(model_class, name), _inference(name)))
+    model_class.train_on_batch = _guarded(model_class.train_on_batch, _train_on_batch)
 
 
 def _guarded(method: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,6 +75,22 @@ def _fit(fit: Callable[..., Any], model: keras.Model, *args: Any, **kwargs: Any)
         protocol = installed_protocol(model)
         if protocol is not None:
             protocol.leave()
+
+
+def _train_on_batch(train_on_batch: Callable[..., Any], model: keras.Model, *args: Any,
+                    **kwargs: Any) -> Any:
+    """train_on_batch with the owner's crossover step installed, as fit's first call would
+    install it (its lease, allreduce and first-call broadcast); refused, as fit is, for a
+    model made outside every scope in a job whose ranks or peer it would train apart from.
+    Keras's own train_on_batch skips fit, so without this a model made in scope trained each
+    rank alone, beside the peer job, with no lease."""
+    if installed_protocol(model) is None:
+        owner = ownership.owner_of(model)
+        if owner is not None and model.optimizer is not None:
+            install(model, owner)
+        elif owner is None and ownership.needing_ownership() is not None:
+            raise ValueError(ownership.outside_scope_message("train_on_batch"))
+    return train_on_batch(model, *args, **kwargs)
 
 
 def _split_like_mirrored(arguments: dict[str, Any], owner: Any) -> None:

@@ -188,6 +188,48 @@ def test_fit_on_a_model_made_outside_scope_is_refused(tmp_path, child_env):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+def test_train_on_batch_on_a_model_made_in_scope_takes_the_lease_and_synchronises(
+        tmp_path, lease_group, child_env):
+    """Keras's train_on_batch skips fit, so a model made under scope() used to train each rank
+    alone and beside the peer job with no lease, silently. Now its first call installs the
+    crossover step: a job of 2 ranks stepping by train_on_batch takes the lease twice a step and
+    ends with the weights of the same job fit with strategy.callbacks(), identical on both
+    ranks."""
+    backend = "tensorflow"
+    common = ["--steps", str(STEPS), "--backend", backend, "--fit_only"]
+    _check(run_bounded(launch_command(
+        backend, 2, sys.executable, WORKER, str(tmp_path / "tob_RANK.json"), "--group",
+        lease_group, "--jobs", "1", "--train_on_batch", *common), child_env, 240))
+    _check(run_bounded(launch_command(
+        backend, 2, sys.executable, WORKER, str(tmp_path / "fit_RANK.json"), *common),
+        child_env, 240))
+    by_batch, by_fit = _load(tmp_path, "tob", 2), _load(tmp_path, "fit", 2)
+    for rank, fitted in zip(by_batch, by_fit):
+        assert rank["lease_stats"]["acquires"] == 2 * STEPS, rank["lease_stats"]
+        for w_rank, w_rank0, w_fit in zip(rank["weights"], by_batch[0]["weights"],
+                                          fitted["weights"]):
+            np.testing.assert_array_equal(w_rank, w_rank0)
+            np.testing.assert_allclose(w_rank, w_fit, rtol=1e-6, atol=1e-7)
+
+
+def test_train_on_batch_on_a_model_made_outside_scope_is_refused(lease_group):
+    """In a process with a crossover job, train_on_batch on a model made outside every scope
+    would compute beside the peer without the lease: refused, as fit is, naming the fix."""
+    import keras
+
+    import crossover_tf
+    strategy = crossover_tf.CrossoverStrategy(lease_group, lease=crossover_tf.LeaseOptions(jobs=1))
+    try:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+        with pytest.raises(ValueError, match=r"train_on_batch would run on this rank alone"):
+            model.train_on_batch(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))
+    finally:
+        strategy.leave_device()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_xla_compiles_compute_and_apply_but_not_collectives(tmp_path, lease_group, child_env):
     """XLA's own dump lists what it compiled: the compute and apply functions, never the outer
     step that holds Horovod's allreduce and the lease ops. Also the no-peer path."""

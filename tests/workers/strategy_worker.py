@@ -7,6 +7,7 @@ losses as Keras logged them on this rank, final weights, lease stats and timelin
                      [--bad_xla] [--group_per_rank] [--link_turn P] [--job J] [--linger PATH]
                      [--no_callbacks] [--outside_scope] [--backend horovod|tensorflow|default]
                      [--file_callbacks DIR] [--fail_at_epoch E] [--raise_on_rank R]
+                     [--train_on_batch]
 """
 from __future__ import annotations
 
@@ -94,6 +95,9 @@ def main() -> None:
                         help="every rank raises when this epoch begins (a killed job)")
     parser.add_argument("--raise_on_rank", type=int, default=-1,
                         help="this rank alone raises when its second epoch begins")
+    parser.add_argument("--train_on_batch", action="store_true", help="train with "
+                        "model.train_on_batch on each of this rank's batches instead of fit "
+                        "(no callbacks: a custom loop of Keras's one-batch steps)")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(7)
@@ -144,11 +148,16 @@ def main() -> None:
                   keras.callbacks.BackupAndRestore(os.path.join(args.file_callbacks, "backup")),
                   keras.callbacks.TensorBoard(os.path.join(args.file_callbacks, "logs"))]
                  if args.file_callbacks else [])
-        model.fit(strategy.distribute_dataset(global_dataset(args.steps // args.epochs)),
-                  epochs=args.epochs, verbose=0,
-                  callbacks=[*([] if args.no_callbacks else strategy.callbacks()), record,
-                             line_up, *files,
-                             keras.callbacks.LambdaCallback(on_epoch_begin=epoch_begins)])
+        if args.train_on_batch:
+            for x, y in strategy.distribute_dataset(global_dataset(args.steps)):
+                logs = model.train_on_batch(x, y, return_dict=True)
+                record.losses.append(float(logs["loss"]))
+        else:
+            model.fit(strategy.distribute_dataset(global_dataset(args.steps // args.epochs)),
+                      epochs=args.epochs, verbose=0,
+                      callbacks=[*([] if args.no_callbacks else strategy.callbacks()), record,
+                                 line_up, *files,
+                                 keras.callbacks.LambdaCallback(on_epoch_begin=epoch_begins)])
         result["epochs_run"] = epochs_run
         result["lease_stats"] = strategy.lease_stats()
         if strategy.taking_link_turns:
