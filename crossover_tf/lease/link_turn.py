@@ -31,8 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crossover_tf.lease.device_lease import (DeviceLease, decode_named_values, pass_through,
-                                             validate_timeout)
+from crossover_tf.lease.device_lease import (DeviceLease, decode_named_values, fields_as_floats,
+                                             pass_through, validate_timeout)
 from crossover_tf.lease.loader import load_library
 
 MAX_LINK_TURN_JOBS = 8  # the C++ core's kMaxLinkTurnJobs (fewer than a group may have)
@@ -70,7 +70,7 @@ class LinkTurnStats:
     max_wait_s: float
 
     def as_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in dataclasses.asdict(self).items()}
+        return fields_as_floats(self)
 
 
 class LinkTurn:

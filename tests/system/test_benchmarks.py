@@ -71,12 +71,23 @@ def test_lease_handoff_beside_the_scraped_exporter_prints_the_ratio(child_env, t
 
 
 def test_strategy_overhead_runs_a_lone_job_and_prints_the_ratio(child_env, tmp_path):
-    """A lone crossover job (group of one) beside plain Horovod: it starts without waiting for
-    a peer (the failure of issue 38) and its step is within 2x of plain Horovod's."""
+    """A lone crossover job (group of one) beside the same strategy with no group and Keras
+    alone: it starts without waiting for a peer (the failure of issue 38), every variant
+    trains, its step is within 2x of plain's, and the single steps interleaved through
+    train_on_batch took the lease (the per-pair difference is printed)."""
     output = run_benchmark("strategy_overhead", child_env, tmp_path)
-    ((ratio,),) = figures(rf"ratio {_NUMBER}$", output)
+    ((ratio,),) = figures(rf"crossover / plain {_NUMBER}$", output)
     assert 0.5 < ratio < 2.0, output
-    assert "plain runs (ms)" in output and "ratio per interleaved pair" in output
+    for variant in ("keras", "plain", "crossover"):
+        assert f"  {variant} rounds (ms): " in output, output
+    assert "crossover / plain per round (the lease)" in output, output
+    ((plain, crossed),) = figures(rf"train_on_batch\): plain {_NUMBER} ms, crossover {_NUMBER} ms",
+                                  output)
+    assert plain > 0 and crossed > 0, output
+    ((acquires,),) = figures(rf"acquired the lease {_NUMBER} times", output)
+    assert acquires >= 2 * 20, output  # two holds a step in each of --short's 20 pairs
+    ((read_us,),) = figures(rf"one read of the lease statistics: {_NUMBER} us", output)
+    assert 0 < read_us < 5000, output
 
 
 def test_lease_priority_prints_one_row_per_micro_batch_and_never_two_holders(child_env,
