@@ -9,7 +9,8 @@ from crossover_tf_planner import registry
 from crossover_tf_planner.compare_record import (Comparison, IdealRound, ScenarioResult, Spread,
                                              Trial)
 from crossover_tf_planner.job_stats import JobStats
-from experiments.analysis import attribute, intervals, planner_errors, planning, shift_table
+from experiments.analysis import (attribute, intervals, machine_speed, planner_errors, planning,
+                                  shift_table)
 from experiments.analysis import regime as regime_lib
 from experiments.comparison import trials
 
@@ -234,6 +235,9 @@ def markdown(result: Comparison | Trial) -> str:
         solo = result.scenarios[registry.solo(job)].jobs[job]
         lines.append(f"| {job} | {1e3 * solo.device_s:.1f} | {1e3 * solo.comm_s:.1f} | "
                      f"{1e3 * solo.step_time_s:.1f} |")
+    speed = machine_speed.speed_line(result, machine_speed.load_reference())
+    if speed:
+        lines += ["", speed]
     lines += regime_lib.drift_lines(result) + regime_lib.drift_probe_lines(result)
     lines += shift_table.shift_lines(result)
     if result.planner is not None:
