@@ -8,7 +8,9 @@ the emulated cluster, with the same Horovod/TensorFlow ops as a training job:
 
 * ``cpu_per_wait_s``: CPU seconds per second a rank spends blocked in an allreduce whose peer
   has not arrived yet (polling and spinning: no bytes move);
-* ``cpu_s_per_mb``: CPU seconds per megabyte allreduced, beyond that polling.
+* ``cpu_s_per_mb``: CPU seconds per megabyte allreduced, beyond that polling, including the
+  kernel's softirq time on the rank's core meanwhile (``core_softirq_s``: the shaped link's
+  packets are processed there, on no process's account).
 
 so that ``comm_cpu_s = cpu_per_wait_s * M + cpu_s_per_mb * MB`` for a step whose allreduce
 takes M seconds and moves MB megabytes. One short run:
@@ -97,13 +99,14 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
     # The compute of a co-located job, without TensorFlow: a spinner on this rank's core (it
     # inherits the host's CPU affinity) in the rank's own session.
     with busy_loops(1 if busy_core else 0):
-        wall0, cpu0 = time.perf_counter(), _cpu_s()
+        wall0, cpu0, softirq0 = time.perf_counter(), _cpu_s(), core_softirq_s()
         for gap in gaps:
             begin = time.time()
             allreduce(tensor).numpy()
             spans_s.append((begin, time.time()))
             time.sleep(gap)
         wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
+        softirq = core_softirq_s() - softirq0
     count = len(gaps)
     wall -= sum(gaps)
     small = tf.ones([1], tf.float32)
@@ -117,7 +120,22 @@ def worker(megabytes: float, seconds: float, idle_s: float, out: str,
         pathlib.Path(out).write_text(json.dumps({
             "megabytes": tensor.shape[0] * 4 / 2**20, "allreduces": count,
             "wall_s_per_allreduce": wall / count, "cpu_s_per_allreduce": cpu / count,
+            "softirq_s_per_allreduce": softirq / count,
             "idle_wall_s": idle_wall, "idle_cpu_s": idle_cpu, "spans_s": spans_s}))
+
+
+def core_softirq_s(stat: str = "/proc/stat") -> float:
+    """Softirq seconds so far on the cores this process may run on (its host's), from the
+    kernel's per-CPU counters: where the link's packets are processed. Sampled at the tick
+    (CONFIG_IRQ_TIME_ACCOUNTING is off here), so read it over a run of many allreduces."""
+    cores = os.sched_getaffinity(0)
+    ticks = 0
+    with open(stat) as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                ticks += int(fields[6])  # user nice system idle iowait irq softirq ...
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _gaps(mean_gap_s: float, seconds: float, per_allreduce_s: float) -> list[float]:

@@ -52,7 +52,9 @@ def _calibrate(s: Mapping[str, Any]) -> tuple[dict, str]:
             f"and {1e3 * measured.cpu_s_per_mb:.2f} CPU ms per MB moved ({probe['allreduces']} "
             f"allreduces of {probe['megabytes']:.2f} MB at {s['calibrate_mbit']:g} Mbit/s: "
             f"{1e3 * probe['wall_s_per_allreduce']:.1f} ms and "
-            f"{1e3 * probe['cpu_s_per_allreduce']:.1f} CPU ms each).")
+            f"{1e3 * probe['cpu_s_per_allreduce']:.1f} CPU ms each, and "
+            f"{1e3 * probe.get('softirq_s_per_allreduce', 0.0):.1f} ms of the kernel's softirq "
+            f"on the rank's core).")
     return measured.to_dict(), text
 
 

@@ -1,5 +1,7 @@
 """Job profiles: JSON round trip, loader from training stats, clear errors."""
 
+import os
+
 import pytest
 
 from crossover_tf_planner.job_stats import JobStats
@@ -98,3 +100,26 @@ def test_comm_cpu_fit_separates_waiting_from_moving_bytes():
     # Less CPU per allreduce than its waiting alone would take: nothing for the bytes.
     assert fit({"idle_cpu_s": 1.0, "idle_wall_s": 1.0, "cpu_s_per_allreduce": 0.1,
                 "wall_s_per_allreduce": 0.5, "megabytes": 1.0}).cpu_s_per_mb == 0.0
+
+
+def test_comm_cpu_fit_charges_the_cores_softirq_to_the_bytes():
+    """The kernel's network work on the rank's core is no process's CPU time, yet it takes the
+    core from the computing job: fit adds it to the per-MB cost (issue 52)."""
+    from crossover_tf_planner.comm_cost import fit
+    probe = {"idle_cpu_s": 0.1, "idle_wall_s": 2.0, "cpu_s_per_allreduce": 0.065,
+             "wall_s_per_allreduce": 0.5, "megabytes": 4.0}
+    assert fit({**probe, "softirq_s_per_allreduce": 0.02}).cpu_s_per_mb == pytest.approx(
+        (0.04 + 0.02) / 4)
+    assert fit(probe).cpu_s_per_mb == pytest.approx(0.01)  # older probes: none measured
+
+
+def test_core_softirq_reads_the_softirq_column_of_this_processes_cores(tmp_path):
+    from experiments.probes.comm_cpu import core_softirq_s
+    cores = sorted(os.sched_getaffinity(0))
+    lines = ["cpu  1 2 3 4 5 6 7000 8 0 0"]
+    lines += [f"cpu{c} 1 2 3 4 5 6 {100 * (c + 1)} 8 0 0" for c in cores]
+    lines += [f"cpu{max(cores) + 1} 1 2 3 4 5 6 99999 8 0 0", "intr 5 6"]
+    stat = tmp_path / "stat"
+    stat.write_text("\n".join(lines) + "\n")
+    expected = sum(100 * (c + 1) for c in cores) / os.sysconf("SC_CLK_TCK")
+    assert core_softirq_s(str(stat)) == pytest.approx(expected)
