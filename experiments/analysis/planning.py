@@ -70,11 +70,13 @@ def recommendation(result: Comparison) -> str | None:
 
 def with_planner(trial: Trial, regime: Regime | None = None) -> Trial:
     """The trial with the planner's predictions for its jobs, from the solo profiles only,
-    with % errors (unchanged where it lacks naive or crossover, or the planner cannot model
-    it, or its sequential run was refused: analysis/bounds.py found its solo runs, the
-    planner's inputs, slowed; or it ran out of the regime, analysis/regime.judge, and its
-    measured ratios are left out of the calls the planner is checked against)."""
-    if (not {registry.SEQUENTIAL, registry.NAIVE, registry.CROSSOVER} <= set(trial.scenarios)
+    with % errors (unchanged where it lacks naive or both crossings, crossover and
+    crossover_turn, or the planner cannot model it, or its sequential run was refused:
+    analysis/bounds.py found its solo runs, the planner's inputs, slowed; or it ran out of the
+    regime, analysis/regime.judge, and its measured ratios are left out of the calls the
+    planner is checked against)."""
+    if (not {registry.SEQUENTIAL, registry.NAIVE} <= set(trial.scenarios)
+            or not set(registry.CROSSED) & set(trial.scenarios)
             or registry.OUT_OF_REGIME in trial.invalid):
         return trial
     from crossover_tf_planner import validate as planner_validate

@@ -182,12 +182,14 @@ def verdict(result: Comparison) -> dict[str, Any]:
     """The planner's one recommendation (planning.recommendation) against the measured winner
     by VERDICT_RULE, on the median ratios the tables show and their intervals; each step's
     call is kept ("steps"). Each trial's faster policy (validate.measured_winner with no bar)
-    is counted beside it. The measured winner is None without naive/sequential and
-    crossover/naive."""
+    is counted beside it. The measured winner is None without naive/sequential and a crossing
+    over naive (crossover/naive or crossover_turn/naive)."""
     per_trial = result.trials_or_self
     ratios = result.ratios
     winner, steps = None, []
-    if {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_NAIVE.key} <= set(ratios):
+    crossed_over_naive = {registry.scenario_ratio(c, registry.NAIVE).key
+                          for c in registry.CROSSED}
+    if registry.NAIVE_OVER_SEQUENTIAL.key in ratios and crossed_over_naive & set(ratios):
         winner, steps = _climb(result)
     needed = {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_SEQUENTIAL.key}
     trial_winners = collections.Counter(

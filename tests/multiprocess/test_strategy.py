@@ -212,6 +212,28 @@ def test_train_on_batch_on_a_model_made_in_scope_takes_the_lease_and_synchronise
             np.testing.assert_allclose(w_rank, w_fit, rtol=1e-6, atol=1e-7)
 
 
+def test_one_batch_steps_of_a_lone_jobs_model_take_the_lease(lease_group):
+    """train_on_batch (two holds: compute and apply), test_on_batch and predict_on_batch (one
+    hold each) on a model made in a lone crossover job's scope all take the device lease."""
+    import keras
+
+    import crossover_tf
+    strategy = crossover_tf.CrossoverStrategy(lease_group, lease=crossover_tf.LeaseOptions(jobs=1))
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+            model.compile("sgd", "mse")
+        x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
+        acquires = [strategy.lease_stats()["acquires"]]
+        for step in (lambda: model.train_on_batch(x, y), lambda: model.test_on_batch(x, y),
+                     lambda: model.predict_on_batch(x)):
+            step()
+            acquires.append(strategy.lease_stats()["acquires"])
+        assert np.diff(acquires).tolist() == [2, 1, 1], acquires
+    finally:
+        strategy.leave_device()
+
+
 def test_train_on_batch_on_a_model_made_outside_scope_is_refused(lease_group):
     """In a process with a crossover job, train_on_batch on a model made outside every scope
     would compute beside the peer without the lease: refused, as fit is, naming the fix."""

@@ -320,3 +320,20 @@ def test_the_recommendation_rests_on_each_jobs_median_solo_run():
                                                       regime=regime))
     assert planning.recommendation(single) == "naive"
     assert "solo_runs" not in single.planner["recommendation"]
+
+
+def test_a_trial_with_link_turns_but_no_plain_crossover_is_planned_and_judged():
+    """The shift experiment runs sequential, naive, shift and crossover_turn, no plain
+    crossover: its trials used to get no planner check and its comparison no measured winner,
+    so the planner's up-front call could not be scored against it."""
+    shift_like = ("sequential", "naive", "crossover_turn")
+    per_trial = []
+    for trial, speedup in enumerate([1.3, 1.4, 1.5]):
+        stats = {n: s for n, s in scenario_stats(0.1, 0.1, speedup).items() if n in shift_like}
+        per_trial.append(planning.with_planner(
+            bounds.judge(summary_lib.summarise(stats, 1, {"trial": trial}))))
+    assert all(t.planner is not None for t in per_trial)
+    assert all("crossover_turn/naive" in t.planner["normalised_ratios"] for t in per_trial)
+    combined = planning.plan_trials(trials.combine(per_trial))
+    chosen = trials.verdict(combined)
+    assert chosen["measured_winner"] is not None and chosen["steps"], chosen
