@@ -29,6 +29,7 @@ such as StepTimer makes one a step).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 import uuid
@@ -79,6 +80,7 @@ class BatchEnds:
         self.callback = Callback()
 
     def median_step_s(self, skip: int) -> float:
+        """The median time between batch ends after the first `skip` (s)."""
         return float(np.median(np.diff(self.ends[skip:])))
 
 
@@ -101,7 +103,7 @@ class Variant:
         spec = datasets.dataset_spec(args.dataset)
         self.data = datasets.load_dataset(args.dataset, split="train",
                                           local_batch_size=args.global_batch_size)
-        with self.strategy.scope() if self.strategy else _no_scope():
+        with self.strategy.scope() if self.strategy else contextlib.nullcontext():
             keras.utils.set_random_seed(0)
             self.model = models.build_model(args.model, spec.image_shape, spec.num_classes)
             self.model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
@@ -131,18 +133,11 @@ class Variant:
         return time.perf_counter() - start
 
     def describe(self) -> str:
+        """The communication backend and ranks the report names."""
         if self.strategy is None:
             return "Keras alone"
         backend = type(self.strategy.extended.comm).__module__.rsplit(".", 1)[-1]
         return f"{backend} backend, {self.strategy.size} rank"
-
-
-class _no_scope:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def per_call_s(call: Callable[[], Any], calls: int = 2000) -> float:
@@ -188,10 +183,12 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str,
         for round_ in range(args.rounds):
             for name in VARIANTS[round_ % 3:] + VARIANTS[:round_ % 3]:
                 step_s[name].append(variants[name].fit(args.steps, args.skip_steps))
+        crossed = variants["crossover"].strategy
+        before = crossed.lease_stats()["acquires"]
         facts = {"backend": variants["plain"].describe(),
                  "single": interleaved_steps(variants, args.pairs),
-                 "stats_read_s": per_call_s(variants["crossover"].strategy.lease_stats),
-                 "acquires": int(variants["crossover"].strategy.lease_stats()["acquires"])}
+                 "acquires": int(crossed.lease_stats()["acquires"] - before),
+                 "stats_read_s": per_call_s(crossed.lease_stats)}
     finally:
         crossed = variants.get("crossover")
         if crossed is not None:
@@ -224,7 +221,8 @@ def report(args: argparse.Namespace, step_s: dict[str, list[float]],
           f"crossover - plain per pair: median {np.median(diff_us):.1f} us "
           f"[95% {low:.1f} to {high:.1f}], "
           f"{np.median(diff_us) / (medians['plain'] * 1e6):.2%} of plain's fit step")
-    print(f"  the crossover variant acquired the lease {facts['acquires']} times in all")
+    print(f"  the crossover variant acquired the lease {facts['acquires']} times in the single "
+          "steps")
     read_us = facts["stats_read_s"] * 1e6
     print(f"  one read of the lease statistics: {read_us:.1f} us "
           f"({read_us / (medians['crossover'] * 1e6):.2%} of a crossover step)")

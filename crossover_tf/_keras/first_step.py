@@ -6,8 +6,10 @@
    inside a nested XLA function.
 2. Training: copy rank 0's weights and optimizer state to every rank (broadcast_state), so
    differently seeded ranks, or a checkpoint restored on rank 0 only, start identical. Once per
-   fit (and train_on_batch call), like Horovod's broadcast callback (which runs after the first
-   batch for the same reason).
+   fit, like Horovod's broadcast callback (which runs after the first batch for the same
+   reason), and once per compiled step for train_on_batch, which Keras prepares on every call
+   (a broadcast each step would move the whole state as often as the gradients:
+   strategy.broadcast_variables after restoring on rank 0 between one-batch steps).
 3. With XLA and a lease: compile the step's XLA parts outside the lease (warm_up), once per
    step (a step lives until the next compile).
 4. With a link turn: join it (StepProtocol.join_link_turn, a collective of the job's ranks),
@@ -16,8 +18,10 @@ The batch used for this is then the first one trained on (or evaluated), as usua
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import keras
 import tensorflow as tf
@@ -66,11 +70,28 @@ class PreparedFunction:
         return itertools.chain([first], data)
 
 
+_ONE_BATCH = contextvars.ContextVar("crossover_tf_one_batch_step", default=False)
+
+
+@contextlib.contextmanager
+def one_batch_step() -> Iterator[None]:
+    """Marks a train_on_batch call: its step is prepared (1-4) on the first call only."""
+    token = _ONE_BATCH.set(True)
+    try:
+        yield
+    finally:
+        _ONE_BATCH.reset(token)
+
+
 def before_training(step: "CrossoverTrainStep") -> BeforeFirstStep:
-    """1-4 for a train step."""
+    """1-4 for a train step (for train_on_batch, once per step; 4 again after a leave)."""
     protocol = step.protocol
 
     def prepare(data: Any, spec: Any) -> None:
+        one_batch = _ONE_BATCH.get()
+        if one_batch and step.prepared_for_one_batch:
+            protocol.join_link_turn()  # rejoins after strategy.leave_device(); else a no-op
+            return
         model = step.model
         keras_compat.build_from_batch(model, data)
         if not model.optimizer.built:
@@ -81,6 +102,7 @@ def before_training(step: "CrossoverTrainStep") -> BeforeFirstStep:
             warm_up.compile_outside_lease(model, step.compute_and_apply, data)
             step.compiled = True
         protocol.join_link_turn()
+        step.prepared_for_one_batch = one_batch
 
     return prepare
 

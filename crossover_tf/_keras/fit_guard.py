@@ -25,7 +25,7 @@ from absl import logging
 from crossover_tf import callbacks as crossover_callbacks
 from crossover_tf._protocol import datasets
 from crossover_tf._protocol import ownership
-from crossover_tf._keras import rank_files
+from crossover_tf._keras import first_step, rank_files
 from crossover_tf._keras.install import install, installed_protocol
 
 _GUARDED = "_crossover_guarded"
@@ -86,11 +86,12 @@ def _train_on_batch(train_on_batch: Callable[..., Any], model: keras.Model, *arg
     rank alone, beside the peer job, with no lease."""
     if installed_protocol(model) is None:
         owner = ownership.owner_of(model)
-        if owner is not None and model.optimizer is not None:
+        if owner is not None and getattr(model, "optimizer", None) is not None:
             install(model, owner)
         elif owner is None and ownership.needing_ownership() is not None:
             raise ValueError(ownership.outside_scope_message("train_on_batch"))
-    return train_on_batch(model, *args, **kwargs)
+    with first_step.one_batch_step():
+        return train_on_batch(model, *args, **kwargs)
 
 
 def _split_like_mirrored(arguments: dict[str, Any], owner: Any) -> None:
@@ -117,7 +118,7 @@ def _inference(kind: str) -> Callable[..., Any]:
         if installed_protocol(model) is None:
             owner = ownership.owner_of(model)
             crossing = owner if owner is not None else ownership.needing_ownership()
-            if owner is not None and model.optimizer is not None:
+            if owner is not None and getattr(model, "optimizer", None) is not None:
                 install(model, owner)
             elif crossing is not None and crossing.is_crossover:
                 raise ValueError(ownership.outside_scope_message(kind) if owner is None else

@@ -47,6 +47,7 @@ class CrossoverTrainStep:
         self.jit_compile = bool(model.jit_compile)
         self.micro_batches = micro_batches  # checked where it was given (options)
         self.compiled = False  # set once warm_up compiled its XLA parts
+        self.prepared_for_one_batch = False  # train_on_batch prepared it (first_step)
         # The function names are what XLA dumps and profiles show: keep them recognisable.
         self.compute = tf.function(as_unit(self.crossover_compute_gradients),
                                    jit_compile=self.jit_compile, reduce_retracing=True)

@@ -107,4 +107,4 @@ def outside_scope_message(kind: str) -> str:
             "device lease. Create (and compile) the model inside `with strategy.scope():`, as "
             "with MultiWorkerMirroredStrategy (fit then crosses and synchronises by itself), "
             "or pass callbacks=strategy.callbacks() to fit (strategy.prepare(model) before "
-            "evaluate or predict)")
+            "evaluate, predict or the one-batch steps such as train_on_batch)")

@@ -110,8 +110,9 @@ class StepProtocol:
     def join_link_turn(self) -> None:
         """Starts taking link turns (a collective of the job's ranks; no-op without them):
         the Keras first step calls it after its broadcast and compile, and the allreduce in
-        turn on first use. The one place a job joins."""
-        if self.link_turn is not None:
+        turn on first use. The one place a job joins. A no-op while joined: train_on_batch
+        prepares every call, and joining again would re-agree the job's offset each step."""
+        if self.link_turn is not None and not self.link_turn.joined:
             self.link_turn.join()
 
     def pause_link_turn(self) -> None:

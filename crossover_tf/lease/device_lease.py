@@ -86,7 +86,8 @@ def decode_named_values(cls: type, values: Any, names: Any) -> Any:
 def named_decoders(cls: type, names: Any) -> list[tuple[str, Any]]:
     """(field, decoder) in the op's order, checked against cls's fields. A reader that keeps
     them decodes each later read of the same op with decode_with alone: a per-step timer reads
-    the stats every step, and the names' check was two thirds of a 31 us read (issue 52)."""
+    the stats every step, and decoding the names every read made it 34 us, 16 once checked
+    (issue 52)."""
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(names)]
     fields = {f.name: f.type for f in dataclasses.fields(cls)}
     if sorted(names) != sorted(fields):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import statistics
 from typing import Any, Mapping
 
 from crossover_tf_planner import registry
@@ -23,13 +24,17 @@ README_RUN = pathlib.Path(__file__).resolve().parents[2] / "docs" / "readme_run.
 @dataclasses.dataclass(frozen=True)
 class ReferenceRun:
     """The README's main job: each job's solo compute C and allreduce M (ms; the median over
-    its trials' solo runs), and where they come from."""
+    its trials' solo runs), what job A trained (the speed line compares only a job A that
+    trains the same), and where they come from."""
 
     date: str
     commit: str
     backend: str
     compute_ms: dict[str, float]
     comm_ms: dict[str, float]
+    model: str = "resnet20"
+    dataset: str = "synthetic:cifar10"
+    global_batch_size: int = 128
     machine: str = ""
 
     @classmethod
@@ -41,9 +46,9 @@ class ReferenceRun:
         return cls(**data)
 
 
-def load_reference(path: str | pathlib.Path = README_RUN) -> ReferenceRun | None:
+def load_reference(path: str | pathlib.Path | None = None) -> ReferenceRun | None:
     """The README's run (None where the file is absent: an installed package has no docs)."""
-    path = pathlib.Path(path)
+    path = pathlib.Path(README_RUN if path is None else path)
     if not path.exists():
         return None
     return ReferenceRun.from_dict(json.loads(path.read_text()))
@@ -58,9 +63,10 @@ def solo_times_ms(result: Comparison) -> dict[str, tuple[float, float]]:
                        if registry.is_solo(name) for j in scenarios[name].jobs}):
         runs = [scenarios[registry.solo(job)].jobs[job] for scenarios in per_trial
                 if registry.solo(job) in scenarios]
+        runs = [r for r in runs if r.device_s is not None and r.comm_s is not None]
         if runs:
-            times[job] = (1e3 * _median([r.device_s for r in runs]),
-                          1e3 * _median([r.comm_s for r in runs]))
+            times[job] = (1e3 * statistics.median(r.device_s for r in runs),
+                          1e3 * statistics.median(r.comm_s for r in runs))
     return times
 
 
@@ -68,7 +74,7 @@ def speed_line(result: Comparison, reference: ReferenceRun | None) -> str | None
     """One sentence: this run's solo C and M per job against the README's, and how much
     faster this machine's core computed: the ratio of the first job's C (job A is the same
     job in every comparison; a shift experiment resizes job B)."""
-    if reference is None:
+    if reference is None or not _trains_like(result.settings, reference):
         return None
     here = solo_times_ms(result)
     common = [job for job in here if job in reference.compute_ms and job in reference.comm_ms]
@@ -83,7 +89,9 @@ def speed_line(result: Comparison, reference: ReferenceRun | None) -> str | None
             f"{speed:.2f}x as fast.")
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
+def _trains_like(settings: Mapping[str, Any], reference: ReferenceRun) -> bool:
+    """Whether the comparison's job A trained what the README's did (a comparison without
+    its settings recorded is taken as the main job's)."""
+    return all(settings.get(key, value) == value for key, value in (
+        ("model", reference.model), ("dataset", reference.dataset),
+        ("global_batch_size", reference.global_batch_size)))

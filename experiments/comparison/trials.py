@@ -191,10 +191,12 @@ def verdict(result: Comparison) -> dict[str, Any]:
                           for c in registry.CROSSED}
     if registry.NAIVE_OVER_SEQUENTIAL.key in ratios and crossed_over_naive & set(ratios):
         winner, steps = _climb(result)
-    needed = {registry.NAIVE_OVER_SEQUENTIAL.key, registry.CROSSOVER_OVER_SEQUENTIAL.key}
+    crossed_over_sequential = {registry.scenario_ratio(c, registry.SEQUENTIAL).key
+                               for c in registry.CROSSED}
     trial_winners = collections.Counter(
-        measured_winner(_over_sequential(t.ratios), min_gain=0.0)
-        for t in per_trial if needed <= set(t.ratios))
+        measured_winner(_over_sequential(t.ratios), min_gain=0.0) for t in per_trial
+        if registry.NAIVE_OVER_SEQUENTIAL.key in t.ratios
+        and crossed_over_sequential & set(t.ratios))
     return {"predicted": planning.recommendation(result),
             "measured_winner": winner, "steps": steps,
             "trial_winners": dict(trial_winners.most_common())}

@@ -337,17 +337,25 @@ PLACEMENT_PROBE = """
 import horovod.tensorflow as hvd, tensorflow as tf
 from crossover_tf._communication.horovod import HorovodCommunicator
 comm = HorovodCommunicator()
-for device in (None, "/CPU:0"):
-    fn = tf.function(lambda g: comm.allreduce_gradients([g, None], device=device))
+def collectives(fn):
     graph = fn.get_concrete_function(tf.TensorSpec([3])).graph
-    ops = [op.device for op in graph.get_operations() if op.type == "HorovodGroupedAllreduce"]
-    print(device, ops, fn(tf.ones(3))[0].numpy().tolist())
+    return [op.device for op in graph.get_operations() if op.type == "HorovodGroupedAllreduce"]
+for device in (None, "/CPU:0"):
+    fn = tf.function(lambda g: comm.allreduce([g], mean=True, name="g", device=device,
+                                              compress=True))
+    print(device, collectives(fn), fn(tf.ones(3))[0].numpy().tolist())
+one_rank = tf.function(lambda g: comm.allreduce_gradients([g, None], device="/CPU:0"))
+print("one rank", collectives(one_rank), one_rank(tf.ones(3))[0].numpy().tolist())
 """
 
 
 @pytest.mark.slow
 def test_allreduce_gradients_runs_where_it_is_placed(child_env: dict[str, str]) -> None:
+    """The gradients' allreduce runs on the device it is placed on; a job of one rank runs no
+    collective for its gradients at all (the mean of one is itself)."""
     result = run_bounded([sys.executable, "-c", PLACEMENT_PROBE], child_env, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith(("None", "/CPU"))]
-    assert lines == ["None [''] [1.0, 1.0, 1.0]", "/CPU:0 ['/device:CPU:0'] [1.0, 1.0, 1.0]"]
+    lines = [line for line in result.stdout.splitlines()
+             if line.startswith(("None", "/CPU", "one rank"))]
+    assert lines == ["None [''] [1.0, 1.0, 1.0]", "/CPU:0 ['/device:CPU:0'] [1.0, 1.0, 1.0]",
+                     "one rank [] [1.0, 1.0, 1.0]"]

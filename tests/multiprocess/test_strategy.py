@@ -37,6 +37,17 @@ def assert_trains_like_reference(ranks: list[dict], reference: dict) -> None:
         np.testing.assert_allclose(w_rank0, w_ref, rtol=1e-4, atol=1e-5)
 
 
+def assert_leased_like(ranks: list[dict], plain: list[dict]) -> None:
+    """Every rank of a leased job took the lease twice a step and ends with rank 0's weights,
+    those of the same job trained plainly (`plain`, rank by rank)."""
+    for rank, reference in zip(ranks, plain):
+        assert rank["lease_stats"]["acquires"] == 2 * STEPS, rank["lease_stats"]
+        for w_rank, w_rank0, w_plain in zip(rank["weights"], ranks[0]["weights"],
+                                            reference["weights"]):
+            np.testing.assert_array_equal(w_rank, w_rank0)
+            np.testing.assert_allclose(w_rank, w_plain, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -161,13 +172,7 @@ def test_fit_on_a_model_made_in_scope_crosses_without_callbacks(tmp_path, lease_
         str(STEPS), "--backend", backend, "--fit_only"), child_env, 240))
     solo = _load(tmp_path, "solo", 2)
     for job in ("a", "b"):
-        ranks = _load(tmp_path, job, 2)
-        for rank, plain in zip(ranks, solo):
-            assert rank["lease_stats"]["acquires"] == 2 * STEPS, rank["lease_stats"]
-            for w_crossed, w_rank0, w_plain in zip(rank["weights"], ranks[0]["weights"],
-                                                   plain["weights"]):
-                np.testing.assert_array_equal(w_crossed, w_rank0)
-                np.testing.assert_allclose(w_crossed, w_plain, rtol=1e-6, atol=1e-7)
+        assert_leased_like(_load(tmp_path, job, 2), solo)
 
 
 @pytest.mark.multiprocess
@@ -203,51 +208,75 @@ def test_train_on_batch_on_a_model_made_in_scope_takes_the_lease_and_synchronise
     _check(run_bounded(launch_command(
         backend, 2, sys.executable, WORKER, str(tmp_path / "fit_RANK.json"), *common),
         child_env, 240))
-    by_batch, by_fit = _load(tmp_path, "tob", 2), _load(tmp_path, "fit", 2)
-    for rank, fitted in zip(by_batch, by_fit):
-        assert rank["lease_stats"]["acquires"] == 2 * STEPS, rank["lease_stats"]
-        for w_rank, w_rank0, w_fit in zip(rank["weights"], by_batch[0]["weights"],
-                                          fitted["weights"]):
-            np.testing.assert_array_equal(w_rank, w_rank0)
-            np.testing.assert_allclose(w_rank, w_fit, rtol=1e-6, atol=1e-7)
+    assert_leased_like(_load(tmp_path, "tob", 2), _load(tmp_path, "fit", 2))
 
 
-def test_one_batch_steps_of_a_lone_jobs_model_take_the_lease(lease_group):
-    """train_on_batch (two holds: compute and apply), test_on_batch and predict_on_batch (one
-    hold each) on a model made in a lone crossover job's scope all take the device lease."""
-    import keras
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_train_on_batch_crosses_with_link_turns_like_a_plain_fit(tmp_path, lease_group,
+                                                                 child_env):
+    """Two jobs of 2 ranks stepping by train_on_batch, crossing with link turns: each takes
+    its turn every step without joining again (train_on_batch prepares every call) and ends
+    with the weights of the same job fit plainly, identical on both ranks."""
+    backend = "tensorflow"
+    crossed = ["--steps", str(STEPS), "--backend", backend, "--fit_only", "--jobs", "2",
+               "--train_on_batch", "--group", lease_group]
+    for result in run_alongside(
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
+                           "--link_turn", "0", *crossed),
+            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
+                           "--link_turn", "1", *crossed), child_env, timeout=300):
+        _check(result)
+    _check(run_bounded(launch_command(
+        backend, 2, sys.executable, WORKER, str(tmp_path / "fit_RANK.json"), "--steps",
+        str(STEPS), "--backend", backend, "--fit_only"), child_env, 240))
+    plain = _load(tmp_path, "fit", 2)
+    for job in ("a", "b"):
+        ranks = _load(tmp_path, job, 2)
+        assert_leased_like(ranks, plain)
+        for rank in ranks:
+            turns = rank["link_turn_stats"]
+            assert turns["turns"] == STEPS and turns["skipped"] == 0, turns
 
-    import crossover_tf
-    strategy = crossover_tf.CrossoverStrategy(lease_group, lease=crossover_tf.LeaseOptions(jobs=1))
-    try:
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-            model.compile("sgd", "mse")
-        x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
-        acquires = [strategy.lease_stats()["acquires"]]
-        for step in (lambda: model.train_on_batch(x, y), lambda: model.test_on_batch(x, y),
-                     lambda: model.predict_on_batch(x)):
-            step()
-            acquires.append(strategy.lease_stats()["acquires"])
-        assert np.diff(acquires).tolist() == [2, 1, 1], acquires
-    finally:
-        strategy.leave_device()
+
+ONE_BATCH_PROBE = """
+import sys
+import keras, numpy as np
+import crossover_tf
+strategy = crossover_tf.CrossoverStrategy(sys.argv[1], lease=crossover_tf.LeaseOptions(jobs=1))
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
+acquires = [strategy.lease_stats()["acquires"]]
+for step in (lambda: model.train_on_batch(x, y), lambda: model.test_on_batch(x, y),
+             lambda: model.predict_on_batch(x)):
+    step()
+    acquires.append(strategy.lease_stats()["acquires"])
+print("acquires", np.diff(acquires).astype(int).tolist())
+outside = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+outside.compile("sgd", "mse")
+try:
+    outside.train_on_batch(x, y)
+except ValueError as err:
+    print("refused:", err)
+strategy.leave_device()
+"""
 
 
-def test_train_on_batch_on_a_model_made_outside_scope_is_refused(lease_group):
-    """In a process with a crossover job, train_on_batch on a model made outside every scope
-    would compute beside the peer without the lease: refused, as fit is, naming the fix."""
-    import keras
-
-    import crossover_tf
-    strategy = crossover_tf.CrossoverStrategy(lease_group, lease=crossover_tf.LeaseOptions(jobs=1))
-    try:
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-        model.compile("sgd", "mse")
-        with pytest.raises(ValueError, match=r"train_on_batch would run on this rank alone"):
-            model.train_on_batch(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"))
-    finally:
-        strategy.leave_device()
+@pytest.mark.multiprocess
+def test_one_batch_steps_take_the_lease_and_a_model_made_outside_is_refused(lease_group,
+                                                                           child_env):
+    """In a lone crossover job (a process of its own: a strategy made here would outlive the
+    test and refuse later tests' models), train_on_batch (two holds: compute and apply),
+    test_on_batch and predict_on_batch (one hold each) on a model made in scope take the
+    device lease, and train_on_batch on a model made outside every scope, which would compute
+    beside the peer without the lease, is refused, as fit is, naming the fix."""
+    result = run_bounded([sys.executable, "-c", ONE_BATCH_PROBE, lease_group], child_env, 180)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "acquires [2, 1, 1]" in result.stdout, result.stdout[-3000:]
+    assert "refused: crossover_tf: this model was not made under strategy.scope(), so its " \
+        "train_on_batch would run on this rank alone" in result.stdout, result.stdout[-3000:]
 
 
 @pytest.mark.multiprocess

@@ -337,3 +337,4 @@ def test_a_trial_with_link_turns_but_no_plain_crossover_is_planned_and_judged():
     combined = planning.plan_trials(trials.combine(per_trial))
     chosen = trials.verdict(combined)
     assert chosen["measured_winner"] is not None and chosen["steps"], chosen
+    assert sum(chosen["trial_winners"].values()) == 3, chosen

@@ -2,6 +2,7 @@
 (issue 52 item 5: results travel between machines only with their C and M)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -54,9 +55,18 @@ def test_report_carries_the_line_when_the_readme_run_is_recorded(monkeypatch, tm
     reference = _reference()
     path.write_text(json.dumps(vars(reference)))
     monkeypatch.setattr(machine_speed, "README_RUN", path)
-    monkeypatch.setattr(machine_speed.load_reference, "__defaults__", (path,))
     text = report.markdown(Comparison.from_json(SAVED))
     assert "This machine against the README's run (2026-12-01, abc1234, horovod)" in text
+
+
+def test_no_line_for_a_comparison_whose_job_a_trains_something_else():
+    """A tiny model's comparison (a test's, a sweep of another model) is no measure of the
+    core against the README's ResNet-20: no line rather than an absurd speed."""
+    result = Comparison.from_json(SAVED)
+    other = dataclasses.replace(result, settings={**result.settings, "model": "mlp"})
+    assert machine_speed.speed_line(other, _reference()) is None
+    batch = dataclasses.replace(result, settings={**result.settings, "global_batch_size": 32})
+    assert machine_speed.speed_line(batch, _reference()) is None
 
 
 def test_unknown_keys_in_the_record_are_refused(tmp_path):

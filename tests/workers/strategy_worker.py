@@ -152,6 +152,7 @@ def main() -> None:
             for x, y in strategy.distribute_dataset(global_dataset(args.steps)):
                 logs = model.train_on_batch(x, y, return_dict=True)
                 record.losses.append(float(logs["loss"]))
+            strategy.leave_device()  # out of the link turn: the peer stops waiting for us
         else:
             model.fit(strategy.distribute_dataset(global_dataset(args.steps // args.epochs)),
                       epochs=args.epochs, verbose=0,
