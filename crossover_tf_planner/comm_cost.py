@@ -44,8 +44,10 @@ def fit(probe: Mapping[str, float]) -> CommCpu:
     """The two coefficients from a probe: the idle wait gives the polling cost; what the
     transfers cost beyond it, per MB, is the rest, with the kernel's network work on the
     rank's core (``softirq_s_per_allreduce``, where the probe measured it): a process's own
-    CPU time leaves that out, and it lands on the core the other job computes on (issue 52:
-    6–11 ms of softirq a hold of the emulated cluster's 21 ms contention)."""
+    CPU time leaves that out, and it lands on the core the other job computes on (issue 52: at
+    the comparisons' links, 15–20 ms of softirq a crossed hold). Sampled at the tick, a
+    softirq that interrupts the rank itself is in its CPU time too, so this can count part of
+    it twice; the thread probe's exact figure is what a hold pays."""
     per_wait = probe["idle_cpu_s"] / probe["idle_wall_s"]
     per_allreduce = probe["cpu_s_per_allreduce"] + probe.get("softirq_s_per_allreduce", 0.0)
     beyond = per_allreduce - per_wait * probe["wall_s_per_allreduce"]

@@ -132,3 +132,16 @@ def run_alongside(first: list[str], second: list[str], env: dict[str, str], time
         proc.communicate()
         raise
     return subprocess.CompletedProcess(first, proc.returncode, out, None), second_result
+
+
+def run_worker_pair(worker: str, out_dir: pathlib.Path, backend: str, args: list[str],
+                    env: dict[str, str], *, a: tuple[str, ...] = (), b: tuple[str, ...] = (),
+                    timeout: float = 240) -> None:
+    """Jobs a and b of `worker`, 2 ranks each, side by side (each writing <job>_RANK.json in
+    out_dir; `a`, `b`: each job's own arguments); fails with the output of either that did."""
+    for result in run_alongside(
+            launch_command(backend, 2, sys.executable, worker, str(out_dir / "a_RANK.json"),
+                           *a, *args),
+            launch_command(backend, 2, sys.executable, worker, str(out_dir / "b_RANK.json"),
+                           *b, *args), env, timeout=timeout):
+        assert result.returncode == 0, result.stdout[-6000:]

@@ -1,4 +1,5 @@
-"""fit, evaluate and predict as a tf.distribute user expects them: a model made under
+"""fit, evaluate and predict (and their one-batch forms, train_on_batch, test_on_batch and
+predict_on_batch) as a tf.distribute user expects them: a model made under
 strategy.scope() crosses and synchronises with no callback, a model made outside is refused
 where it would train apart, file-writing callbacks given to every rank write the chief's files
 only (rank_files), and a fit that ends any way at all ends out of the link turn and without

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import BACKENDS, REPO_ROOT, launch_command, run_alongside, run_bounded
+from conftest import BACKENDS, REPO_ROOT, run_bounded, run_worker_pair
 from step_crossings import check_turns_inside_steps, overlapping_turns, turn_intervals
 from test_strategy import WORKER, _check, _load, assert_trains_like_reference
 
@@ -137,12 +137,8 @@ def test_crossed_jobs_allreduce_one_at_a_time(tmp_path, lease_group, child_env, 
     barrier.mkdir()
     args = ["--steps", str(STEPS), "--epochs", str(EPOCHS), "--barrier", f"{barrier}:4",
             "--group", lease_group, "--jobs", "2", "--fit_only", "--backend", backend]
-    for result in run_alongside(
-            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                           "--link_turn", "0", *args),
-            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
-                           "--link_turn", "1", *args), child_env, timeout=240):
-        _check(result)
+    run_worker_pair(WORKER, tmp_path, backend, args, child_env, a=("--link_turn", "0"),
+                    b=("--link_turn", "1"))
     _check(run_bounded([sys.executable, WORKER, str(tmp_path / "ref_RANK.json"), "--reference",
                         "--steps", str(STEPS), "--epochs", str(EPOCHS)], child_env, 240))
     crossed_a, crossed_b = _load(tmp_path, "a", 2), _load(tmp_path, "b", 2)

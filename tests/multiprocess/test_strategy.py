@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import (BACKENDS, ERROR_LINE, WORKERS, horovodrun_command, launch_command,
-                      run_alongside, run_bounded)
+                      run_alongside, run_bounded, run_worker_pair)
 from crossover_tf.profiling import phases as timeline
 from step_crossings import overlap_steps
 
@@ -35,6 +35,15 @@ def assert_trains_like_reference(ranks: list[dict], reference: dict) -> None:
                                        reference["weights"]):
         np.testing.assert_array_equal(w_rank0, w_rank1)
         np.testing.assert_allclose(w_rank0, w_ref, rtol=1e-4, atol=1e-5)
+
+
+def _plain_job(tmp_path: pathlib.Path, name: str, backend: str,
+               child_env: dict[str, str]) -> list[dict]:
+    """A job of 2 ranks fit plainly (no group, callbacks), STEPS steps: each rank's record."""
+    _check(run_bounded(launch_command(
+        backend, 2, sys.executable, WORKER, str(tmp_path / f"{name}_RANK.json"), "--steps",
+        str(STEPS), "--backend", backend, "--fit_only"), child_env, 240))
+    return _load(tmp_path, name, 2)
 
 
 def assert_leased_like(ranks: list[dict], plain: list[dict]) -> None:
@@ -161,16 +170,8 @@ def test_fit_on_a_model_made_in_scope_crosses_without_callbacks(tmp_path, lease_
     backend = "tensorflow"
     crossed = ["--steps", str(STEPS), "--barrier", f"{barrier}:4", "--jobs", "2", "--backend",
                backend, "--no_callbacks", "--fit_only"]
-    for result in run_alongside(
-            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                           "--group", lease_group, *crossed),
-            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
-                           "--group", lease_group, *crossed), child_env, timeout=240):
-        _check(result)
-    _check(run_bounded(launch_command(
-        backend, 2, sys.executable, WORKER, str(tmp_path / "solo_RANK.json"), "--steps",
-        str(STEPS), "--backend", backend, "--fit_only"), child_env, 240))
-    solo = _load(tmp_path, "solo", 2)
+    run_worker_pair(WORKER, tmp_path, backend, ["--group", lease_group, *crossed], child_env)
+    solo = _plain_job(tmp_path, "solo", backend, child_env)
     for job in ("a", "b"):
         assert_leased_like(_load(tmp_path, job, 2), solo)
 
@@ -205,10 +206,7 @@ def test_train_on_batch_on_a_model_made_in_scope_takes_the_lease_and_synchronise
     _check(run_bounded(launch_command(
         backend, 2, sys.executable, WORKER, str(tmp_path / "tob_RANK.json"), "--group",
         lease_group, "--jobs", "1", "--train_on_batch", *common), child_env, 240))
-    _check(run_bounded(launch_command(
-        backend, 2, sys.executable, WORKER, str(tmp_path / "fit_RANK.json"), *common),
-        child_env, 240))
-    assert_leased_like(_load(tmp_path, "tob", 2), _load(tmp_path, "fit", 2))
+    assert_leased_like(_load(tmp_path, "tob", 2), _plain_job(tmp_path, "fit", backend, child_env))
 
 
 @pytest.mark.multiprocess
@@ -221,16 +219,9 @@ def test_train_on_batch_crosses_with_link_turns_like_a_plain_fit(tmp_path, lease
     backend = "tensorflow"
     crossed = ["--steps", str(STEPS), "--backend", backend, "--fit_only", "--jobs", "2",
                "--train_on_batch", "--group", lease_group]
-    for result in run_alongside(
-            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "a_RANK.json"),
-                           "--link_turn", "0", *crossed),
-            launch_command(backend, 2, sys.executable, WORKER, str(tmp_path / "b_RANK.json"),
-                           "--link_turn", "1", *crossed), child_env, timeout=300):
-        _check(result)
-    _check(run_bounded(launch_command(
-        backend, 2, sys.executable, WORKER, str(tmp_path / "fit_RANK.json"), "--steps",
-        str(STEPS), "--backend", backend, "--fit_only"), child_env, 240))
-    plain = _load(tmp_path, "fit", 2)
+    run_worker_pair(WORKER, tmp_path, backend, crossed, child_env, a=("--link_turn", "0"),
+                    b=("--link_turn", "1"), timeout=300)
+    plain = _plain_job(tmp_path, "fit", backend, child_env)
     for job in ("a", "b"):
         ranks = _load(tmp_path, job, 2)
         assert_leased_like(ranks, plain)
