@@ -86,13 +86,20 @@ def _train_on_batch(train_on_batch: Callable[..., Any], model: keras.Model, *arg
     Keras's own train_on_batch skips fit, so without this a model made in scope trained each
     rank alone, beside the peer job, with no lease."""
     if installed_protocol(model) is None:
-        owner = ownership.owner_of(model)
-        if owner is not None and getattr(model, "optimizer", None) is not None:
-            install(model, owner)
-        elif owner is None and ownership.needing_ownership() is not None:
+        owner = _install_owned(model)
+        if owner is None and ownership.needing_ownership() is not None:
             raise ValueError(ownership.outside_scope_message("train_on_batch"))
     with first_step.one_batch_step():
         return train_on_batch(model, *args, **kwargs)
+
+
+def _install_owned(model: keras.Model) -> Any:
+    """Installs the owner's crossover steps on a compiled model made in a strategy's scope,
+    as strategy.prepare would; returns the owner (None: made outside every scope)."""
+    owner = ownership.owner_of(model)
+    if owner is not None and getattr(model, "optimizer", None) is not None:
+        install(model, owner)
+    return owner
 
 
 def _split_like_mirrored(arguments: dict[str, Any], owner: Any) -> None:
@@ -117,11 +124,10 @@ def _inference(kind: str) -> Callable[..., Any]:
         """evaluate/predict with the owner's steps (the lease, averaged metrics) installed as
         strategy.prepare would."""
         if installed_protocol(model) is None:
-            owner = ownership.owner_of(model)
+            owner = _install_owned(model)
             crossing = owner if owner is not None else ownership.needing_ownership()
-            if owner is not None and getattr(model, "optimizer", None) is not None:
-                install(model, owner)
-            elif crossing is not None and crossing.is_crossover:
+            if installed_protocol(model) is None and crossing is not None \
+                    and crossing.is_crossover:
                 raise ValueError(ownership.outside_scope_message(kind) if owner is None else
                                  f"crossover_tf: compile the model before its {kind} in a "
                                  "crossover job: its steps take the device lease, which "

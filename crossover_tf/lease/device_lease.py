@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from typing import Any
@@ -106,15 +107,12 @@ def fields_as_floats(record: Any) -> dict[str, float]:
     return {name: float(getattr(record, name)) for name in _field_names(type(record))}
 
 
+@functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 _DECODE = {"int": int, "float": float, "bool": bool}
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 class DeviceLease:
