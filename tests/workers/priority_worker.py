@@ -1,5 +1,6 @@
-"""One single-rank job for tests/multiprocess/test_priority.py: trains a small dense model with
-a given priority and micro-batching, and writes its losses, weights and lease timeline.
+"""One job for tests/multiprocess/test_priority.py, of one rank or launched with several: trains
+a small dense model with a given priority and micro-batching, and writes its losses, weights and
+lease timeline per rank (RANK in OUT is replaced by the rank).
 
   priority_worker.py OUT --group G --priority P --micro_batches N [--steps S] [--barrier D:C]
                      [--backend horovod|tensorflow|auto]
@@ -7,7 +8,6 @@ a given priority and micro-batching, and writes its losses, weights and lease ti
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 
 import crossover_tf  # noqa: E402
 from experiments.barrier import wait_at_barrier  # noqa: E402
+from worker_output import write_rank_result  # noqa: E402
 
 BATCH, FEATURES, CLASSES = 32, 16, 4
 
@@ -31,8 +32,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--barrier", default="")
-    # Horovod, as the tests were written for: a one-rank job's allreduce is then a real op in
-    # the step, which the primary's timeline gives the secondary its chance in.
+    # A job of one rank runs no allreduce; launched with two, the step's allreduce is real and
+    # the primary's yield gives the secondary its chance.
     parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend")
     args = parser.parse_args()
     strategy = crossover_tf.CrossoverStrategy(
@@ -54,7 +55,7 @@ def main() -> None:
     crossing = strategy.callbacks(micro_batches=args.micro_batches)
     model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0, callbacks=crossing)
     if args.barrier:
-        wait_at_barrier(args.barrier, f"{args.priority}-{os.getpid()}")
+        wait_at_barrier(args.barrier, f"{args.priority}-{strategy.rank}-{os.getpid()}")
     losses = []
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
               callbacks=[*crossing, keras.callbacks.LambdaCallback(
@@ -62,8 +63,7 @@ def main() -> None:
     report = {"losses": losses, "weights": [w.tolist() for w in model.get_weights()],
               "timeline": (strategy.lease_timeline().tolist()
                          if strategy.is_crossover else [])}
-    with open(args.out, "w") as f:
-        json.dump(report, f)
+    write_rank_result(args.out, strategy.rank, report)
 
 
 if __name__ == "__main__":
