@@ -10,7 +10,7 @@ from crossover_tf_planner.compare_record import (Comparison, IdealRound, Scenari
                                              Trial)
 from crossover_tf_planner.job_stats import JobStats
 from experiments.analysis import (attribute, intervals, machine_speed, planner_errors, planning,
-                                  shift_table)
+                                  shift_table, steal)
 from experiments.analysis import regime as regime_lib
 from experiments.comparison import trials
 
@@ -239,6 +239,7 @@ def markdown(result: Comparison | Trial) -> str:
     if speed:
         lines += ["", speed]
     lines += regime_lib.drift_lines(result) + regime_lib.drift_probe_lines(result)
+    lines += steal.steal_lines(result)
     lines += shift_table.shift_lines(result)
     if result.planner is not None:
         lines += _planner_lines(result, result.planner)

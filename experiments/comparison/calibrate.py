@@ -2,13 +2,14 @@
 settles the bandwidth for each asked-for M/C."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import pathlib
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from absl import logging
 
@@ -81,12 +82,32 @@ def machine_census() -> dict[str, Any]:
     by the hypervisor since boot (/proc/stat, seconds)."""
     from experiments.cluster import cleanup
     proc, shm = pathlib.Path("/proc"), pathlib.Path("/dev/shm")
-    fields = (proc / "stat").read_text().split("\n", 1)[0].split()
     return {"processes": sum(1 for p in proc.iterdir() if p.name.isdigit()),
             "namespaces": len(cleanup.list_namespaces()),
             "shm_files": len(list(shm.iterdir())) if shm.is_dir() else None,
-            "load_1min": os.getloadavg()[0],
-            "steal_s": int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else None}
+            "load_1min": os.getloadavg()[0], "steal_s": stolen_s()}
+
+
+def stolen_s(stat: str = "/proc/stat") -> float | None:
+    """CPU seconds the hypervisor has taken from this machine's cores since boot (all cores
+    summed: the `steal` field of /proc/stat's first line); None where the kernel keeps none."""
+    with open(stat) as f:
+        fields = f.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else None
+
+
+@contextlib.contextmanager
+def steal_record(into: dict[str, Any]) -> Iterator[None]:
+    """Records in `into` what the hypervisor took while the block ran: stolen_s, wall_s and
+    cpus (the share of the machine lost is stolen_s / (wall_s x cpus)); nothing where the
+    kernel keeps no steal time. Why: a scenario run that lost the core to another tenant reads
+    as contention between the jobs (issue 52's Horovod run: 6 s stolen over its trials)."""
+    before, started = stolen_s(), time.monotonic()
+    yield
+    after = stolen_s()
+    if before is not None and after is not None:
+        into.update(stolen_s=after - before, wall_s=time.monotonic() - started,
+                    cpus=os.cpu_count() or 1)
 
 
 def calibrate(c: Any, out: pathlib.Path, ratios: Sequence[float]

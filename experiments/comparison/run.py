@@ -59,14 +59,16 @@ def _run_in_trial(cluster: Any, c: Any, name: str, out: pathlib.Path, trial: int
                   ) -> dict[str, JobStats]:
     """One scenario of a trial; the shift scenario gets its start shifts, computed once from
     the latest solo runs in `done` (comparison/shift.py), and records them with the rule's
-    plan in `trial_settings`."""
+    plan in `trial_settings`, where every scenario records the CPU time the hypervisor took
+    while it ran (calibrate.steal_record; the report's steal table)."""
     shifted = {}
     if name == registry.SHIFT:
         shifts, plan = shift.start_shifts(shift.latest_solos(done))
         trial_settings["shift"] = {"start_shifts_s": shifts, **plan.to_dict()}
         shifted = {"start_shifts": shifts}
-    return scenarios.run_scenario(cluster, c, name, out, f"t{trial}_{name}",
-                                  jobs=scenarios.job_names(c.jobs), **shifted)
+    with calibrate.steal_record(trial_settings.setdefault("steal", {}).setdefault(name, {})):
+        return scenarios.run_scenario(cluster, c, name, out, f"t{trial}_{name}",
+                                      jobs=scenarios.job_names(c.jobs), **shifted)
 
 
 def _next_link(done: TrialStats, bandwidth: float | None, regime: Regime, trial: int,
