@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from crossover_tf_planner.compare_record import Comparison
+from crossover_tf_planner.compare_record import Comparison, Trial
 
 FLAG_SHARE = 0.01  # a CPU-bound run (all of them, on the emulation) losing 1% runs ~1% slower
 
@@ -27,16 +27,18 @@ def steal_lines(result: Comparison) -> list[str]:
     """One row per trial: each scenario's stolen CPU seconds and their share of the machine
     while it ran, marked where over FLAG_SHARE; then how many runs were. Nothing for records
     written before scenarios kept their steal."""
-    records = [trial.settings.get("steal") or {} for trial in result.per_trial]
+    trials = result.per_trial or [Trial({}, settings=result.settings)]  # a one-trial report
+    records = [trial.settings.get("steal") or {} for trial in trials]
     names = list(dict.fromkeys(name for r in records for name, run in r.items() if run))
     if not names:
         return []
     flagged, counted = 0, 0
-    lines = ["", "CPU time the hypervisor took during each scenario run (seconds, and share of "
-             "the machine's CPU time while it ran; **bold** above "
-             f"{FLAG_SHARE:.0%}, where another tenant's load may move that run's ratios):", "",
+    lines = ["", "CPU time the hypervisor took during each scenario run, start-up included "
+             "(seconds, and share of the machine's CPU time while it ran; **bold** above "
+             f"{FLAG_SHARE:.0%}, where another tenant's load may have moved that run's ratios):",
+             "",
              "| trial | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for trial, record in zip(result.per_trial, records):
+    for trial, record in zip(trials, records):
         cells = []
         for name in names:
             run = record.get(name)

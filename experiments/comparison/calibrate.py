@@ -90,18 +90,23 @@ def machine_census() -> dict[str, Any]:
 
 def stolen_s(stat: str = "/proc/stat") -> float | None:
     """CPU seconds the hypervisor has taken from this machine's cores since boot (all cores
-    summed: the `steal` field of /proc/stat's first line); None where the kernel keeps none."""
-    with open(stat) as f:
-        fields = f.readline().split()
-    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else None
+    summed: the `steal` field of /proc/stat's first line); None where the kernel keeps none or
+    it cannot be read (a record of the run, never a reason to lose it)."""
+    try:
+        with open(stat) as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else None
+    except (OSError, ValueError):
+        return None
 
 
 @contextlib.contextmanager
 def steal_record(into: dict[str, Any]) -> Iterator[None]:
-    """Records in `into` what the hypervisor took while the block ran: stolen_s, wall_s and
-    cpus (the share of the machine lost is stolen_s / (wall_s x cpus)); nothing where the
-    kernel keeps no steal time. Why: a scenario run that lost the core to another tenant reads
-    as contention between the jobs (issue 52's Horovod run: 6 s stolen over its trials)."""
+    """Records in `into` what the hypervisor took while the block ran (for a scenario: its
+    whole run, start-up included): stolen_s, wall_s and cpus (the share of the machine lost is
+    stolen_s / (wall_s x cpus)); nothing where the kernel keeps no steal time. Why: a scenario
+    run that lost the core to another tenant reads as contention between the jobs (issue 52's
+    Horovod run: 6 s stolen over its trials)."""
     before, started = stolen_s(), time.monotonic()
     yield
     after = stolen_s()

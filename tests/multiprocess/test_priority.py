@@ -68,20 +68,22 @@ def test_primary_never_waits_for_new_secondary_work(tmp_path: pathlib.Path, leas
     """Two jobs of two ranks each (a job of one rank runs no allreduce, so its step would leave
     the secondary no window but the gap between steps): a primary and a micro-batched secondary."""
     common = ["--group", lease_group, "--jobs", "2", "--steps", "150", "--width", "256",
-              "--barrier", f"{tmp_path / 'barrier'}:4"]
+              "--barrier", f"{tmp_path / 'barrier'}:4", "--backend", "horovod"]
     run_worker_pair(WORKER, tmp_path, "horovod", common, child_env, a=("--priority", "primary"),
                     b=("--priority", "secondary", "--micro_batches", "4"))
-    for rank in range(2):  # rank r of each job shares host r's device
-        mine, theirs = (_holds(json.loads((tmp_path / f"{job}_{rank}.json").read_text())
-                               ["timeline"]) for job in ("a", "b"))
-        _check_secondary_starts_only_when_primary_is_away(mine, theirs)
+    for rank in range(2):  # rank r of each job leases device cpu<r> (its local rank)
+        primary, secondary = (json.loads((tmp_path / f"{job}_{rank}.json").read_text())
+                              for job in ("a", "b"))
+        assert primary["device_key"] == secondary["device_key"] == f"cpu{rank}"
+        _check_secondary_starts_only_when_primary_is_away(
+            f"rank {rank}", _holds(primary["timeline"]), _holds(secondary["timeline"]))
 
 
-def _check_secondary_starts_only_when_primary_is_away(mine: np.ndarray, theirs: np.ndarray
-                                                      ) -> None:
+def _check_secondary_starts_only_when_primary_is_away(where: str, mine: np.ndarray,
+                                                      theirs: np.ndarray) -> None:
     for _, acquired, released, _ in mine:
         overlap = np.minimum(released, theirs[:, 2]) - np.maximum(acquired, theirs[:, 1])
-        assert not np.any(overlap > 0), "both jobs held the device"
+        assert not np.any(overlap > 0), f"{where}: both jobs held the device"
     # While the primary trains, a secondary may start only inside the primary's allreduce (from
     # its compute yield to its apply acquire) or once the primary has been away for longer than
     # its step-end reservation (0.05 s): never in the short gap between two primary steps.
@@ -93,10 +95,10 @@ def _check_secondary_starts_only_when_primary_is_away(mine: np.ndarray, theirs: 
     in_allreduce = [np.any((allreduce[:, 0] <= start) & (start <= allreduce[:, 1]))
                     for start in during]
     assert sum(in_allreduce) >= 50, (
-        f"only {sum(in_allreduce)} of {len(during)} secondary holds started in the primary's "
-        "allreduce")
+        f"{where}: only {sum(in_allreduce)} of {len(during)} secondary holds started in the "
+        "primary's allreduce")
     for start, inside in zip(during, in_allreduce):
         after_reservation = np.any((step_gaps[:, 0] + 50_000_000 <= start)
                                    & (start <= step_gaps[:, 1]))
-        assert inside or after_reservation, f"secondary started at {start} between steps"
-    assert len(theirs) == 151 * 5  # every micro-batch and apply had its own hold (+warm-up)
+        assert inside or after_reservation, f"{where}: secondary started at {start} between steps"
+    assert len(theirs) == 151 * 5, where  # every micro-batch and apply its own hold (+warm-up)

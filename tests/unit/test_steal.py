@@ -22,6 +22,9 @@ def test_stolen_time_is_the_first_lines_steal_field(tmp_path):
     assert calibrate.stolen_s(str(stat)) == pytest.approx(3.0)
     stat.write_text("cpu  10 0 5 100 0 0 3\n")  # a kernel that keeps no steal time
     assert calibrate.stolen_s(str(stat)) is None
+    stat.write_text("cpu  10 0 5 100 0 0 3 garbled\n")
+    assert calibrate.stolen_s(str(stat)) is None  # a record of the run, never its end
+    assert calibrate.stolen_s(str(tmp_path / "missing")) is None
 
 
 def test_a_block_records_what_was_stolen_while_it_ran(monkeypatch):
@@ -57,8 +60,12 @@ def test_runs_over_the_flag_share_are_marked_and_counted():
 
 def test_records_without_steal_add_nothing():
     assert steal.steal_lines(Comparison({}, per_trial=[Trial({}, settings={"trial": 0})])) == []
-    failed = Comparison({}, per_trial=[_trial(0, {"naive": {}})])  # a run that raised
-    assert steal.steal_lines(failed) == []
+
+
+def test_a_one_trial_report_tables_its_own_runs():
+    noisy = {"stolen_s": 3.0, "wall_s": 60.0, "cpus": 2}
+    lines = steal.steal_lines(Comparison.of_trial(_trial(0, {"crossover": noisy})))
+    assert "| 0 | **3.0 (2.5%)** |" in lines
 
 
 def test_a_comparison_records_each_scenario_runs_steal(fake_runs, monkeypatch, tmp_path):

@@ -61,6 +61,7 @@ def main() -> None:
               callbacks=[*crossing, keras.callbacks.LambdaCallback(
                   on_train_batch_end=lambda batch, logs: losses.append(float(logs["loss"])))])
     report = {"losses": losses, "weights": [w.tolist() for w in model.get_weights()],
+              "device_key": strategy.device_key if strategy.is_crossover else "",
               "timeline": (strategy.lease_timeline().tolist()
                          if strategy.is_crossover else [])}
     write_rank_result(args.out, strategy.rank, report)

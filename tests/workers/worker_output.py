@@ -8,8 +8,9 @@ from typing import Any
 
 
 def write_rank_result(out: str, rank: int, result: dict[str, Any]) -> None:
-    """Writes result to out with RANK replaced by rank."""
-    path = out.replace("RANK", str(rank))
+    """Writes result to out with RANK in its file name replaced by rank."""
+    folder, name = os.path.split(out)
+    path = os.path.join(folder, name.replace("RANK", str(rank)))
     with open(path + ".tmp", "w") as f:
         json.dump(result, f)
     os.replace(path + ".tmp", path)
