@@ -12,7 +12,6 @@ losses as Keras logged them on this rank, final weights, lease stats and timelin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -23,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from experiments.barrier import wait_at_barrier  # noqa: E402
+from worker_output import write_rank_result  # noqa: E402
 
 GLOBAL_BATCH = 32
 FEATURES, CLASSES = 16, 4
@@ -178,10 +178,7 @@ def main() -> None:
             model.save(os.path.join(args.save, "model.keras"))
     result.update(rank=rank, losses=record.losses,
                   weights=[w.tolist() for w in model.get_weights()])
-    path = args.out.replace("RANK", str(rank))
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(path + ".tmp", path)
+    write_rank_result(args.out, rank, result)
     deadline = time.monotonic() + 120
     while args.linger and not os.path.exists(args.linger) and time.monotonic() < deadline:
         time.sleep(0.05)
