@@ -235,6 +235,8 @@ class Comparison:
     regime: Regime | None = None
     planner: dict[str, Any] | None = None
     ideal: IdealRound | None = None  # the representative trial's; absent in older records
+    # Per ratio, the trials a failed check left out of its median, spread and interval.
+    left_out: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of_trial(cls, trial: Trial) -> Comparison:
@@ -268,9 +270,10 @@ class Comparison:
             "order_design": (dataclasses.asdict(self.order_design) if self.order_design
                              else None),
             "regime": self.regime.to_dict() if self.regime else None, "planner": self.planner,
-            "ideal": self.ideal.to_dict() if self.ideal else None}
+            "ideal": self.ideal.to_dict() if self.ideal else None,
+            "left_out": self.left_out or None}
         return _drop_none(data, ("planner", "order_design", "regime",
-                                 "achieved_comm_to_compute", "ideal"))
+                                 "achieved_comm_to_compute", "ideal", "left_out"))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
@@ -293,7 +296,8 @@ class Comparison:
             [Trial.from_dict(t) for t in data.get("per_trial", [])],
             dict(data.get("settings", {})), OrderDesign(**design) if design else None,
             Regime.from_dict(regime) if regime else None, data.get("planner"),
-            IdealRound.from_dict(data.get("ideal")))
+            IdealRound.from_dict(data.get("ideal")),
+            {k: list(v) for k, v in (data.get("left_out") or {}).items()})
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2, default=str)

@@ -12,6 +12,7 @@ needs the device).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from crossover_tf_planner import json_io
 
@@ -52,7 +53,10 @@ class JobStats(json_io.JsonRecord):
     start_ns: int = 0
     end_ns: int = 0
     losses: list[float] = dataclasses.field(default_factory=list)
-    step_end_ns: list[int] = dataclasses.field(default_factory=list)
+    step_end_ns: list[int] = dataclasses.field(default_factory=list)  # wall clock
+    # Each step's end on the monotonic clock: the steps' own lengths, whatever the wall clock
+    # did (clock_steps.py; empty in records written before 2026-12-07).
+    step_end_mono_ns: list[int] = dataclasses.field(default_factory=list)
     lease: dict[str, float] = dataclasses.field(default_factory=dict)
     turn: dict[str, float] = dataclasses.field(default_factory=dict)  # link turn stats, if any
     # Every link turn: [request, start, done, skipped] wall-clock ns (the allreduce in turn).
@@ -66,6 +70,14 @@ class JobStats(json_io.JsonRecord):
     apply_s: float | None = None  # lease held for the optimizer update
     peak_device_memory_mb: float | None = None  # GPU only: TensorFlow's peak allocation
     cpu_s: float | None = None  # mean CPU seconds per timed step, the whole process
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record; without step_end_mono_ns where it is empty, so a record written before
+        the field existed reads back and writes out the same."""
+        data = super().to_dict()
+        if not data["step_end_mono_ns"]:
+            del data["step_end_mono_ns"]
+        return data
 
     @property
     def device_s(self) -> float | None:

@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from crossover_tf.profiling import StepTimer
+from crossover_tf.profiling.step_timer import CLOCK_KEYS
 
 
 class StepStatistics(keras.callbacks.Callback):
@@ -49,7 +50,7 @@ class StepStatistics(keras.callbacks.Callback):
         if self._writer is not None and step % self.log_every == 0:
             with self._writer.as_default(step=step):
                 for key, value in record.items():
-                    if key not in ("step", "end_ns"):
+                    if key not in CLOCK_KEYS:
                         tf.summary.scalar(key, value)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:

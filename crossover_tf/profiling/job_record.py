@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from crossover_tf.profiling import phases
+from crossover_tf_planner.clock_steps import stepped_mask
 from crossover_tf_planner.job_stats import JobStats
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *,
         raise ValueError(f"job {job!r}: no timed step ({len(records)} steps run, "
                          f"{warmup_steps} of them warm-up)")
     step_times = np.array([r["step_time_s"] for r in timed])
+    wall_ends, mono_ends = ([r[key] for r in records] for key in ("end_ns", "mono_end_ns"))
     found: dict[str, Any] = {}
     lease_events, turn_events = strategy.lease_timeline(), strategy.link_turn_timeline()
     if lease_events is not None:
@@ -37,6 +39,9 @@ def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *,
         found["phases_ns"] = phases_ns.tolist()
         found["lease_events_ns"] = events.tolist()
         measured = phases_ns[warmup_steps:len(records)]
+        # A step the wall clock stepped over has phases of the wrong length (clock_steps.py).
+        stepped = stepped_mask(wall_ends, mono_ends)[warmup_steps:warmup_steps + len(measured)]
+        measured = measured[~stepped]
         for key, values in phases.phase_durations(measured).items():
             found[key] = float(np.median(values)) if len(values) else float("nan")
     if turn_events is not None:
@@ -49,5 +54,5 @@ def job_stats(strategy: "CrossoverStrategy", records: list[dict[str, float]], *,
         timed_wall_s=float(step_times.sum()), start_ns=start_ns, end_ns=end_ns,
         cpu_s=float(np.mean([r["cpu_s"] for r in timed])),
         losses=[r["loss"] for r in records if "loss" in r],
-        step_end_ns=[r["end_ns"] for r in records],
+        step_end_ns=wall_ends, step_end_mono_ns=mono_ends,
         lease=strategy.lease_stats(), turn=strategy.link_turn_stats(), **found, **fields)

@@ -13,9 +13,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+# A record's instants, not quantities to plot: the step's number and its end on the wall clock
+# (to line up with other processes) and on the monotonic clock (its length, whatever the wall
+# clock did: crossover_tf_planner/clock_steps.py).
+CLOCK_KEYS = ("step", "end_ns", "mono_end_ns")
+
 
 class StepTimer:
-    """Records one dict per step: step, end_ns (wall clock), step_time_s, images_per_s,
+    """Records one dict per step: step, end_ns (wall clock), mono_end_ns (monotonic clock),
+    step_time_s, images_per_s,
     cpu_s, lease_wait_s and lease_hold_s (this step's deltas of the process's lease
     statistics; zero without a crossover group), and the step's scalar Keras logs."""
 
@@ -42,6 +48,7 @@ class StepTimer:
         lease = self.lease_stats()
         step_time = now - self._last_end
         record = {"step": len(self.records), "end_ns": time.time_ns(),
+                  "mono_end_ns": time.monotonic_ns(),
                   "step_time_s": step_time,
                   "images_per_s": self.global_batch_size / step_time,
                   "cpu_s": cpu - self._last_cpu,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from crossover_tf_planner import clock_steps
 from crossover_tf_planner.comm_cost import CommCpu
 from crossover_tf_planner.compare_record import IdealRound, Regime, Trial
 from crossover_tf_planner.job_stats import JobStats
@@ -45,9 +46,13 @@ def mean_step_s(stats: JobStats) -> float:
 
 def mean_phases_s(stats: JobStats, warmup_steps: int) -> tuple[float, float]:
     """Mean device (compute + apply) and allreduce seconds over the timed steps, from the lease
-    timeline (phases_ns); a record without one (hand-made) has only its per-step values."""
+    timeline (phases_ns), leaving out the steps the wall clock stepped over (a mean takes one
+    such step whole: crossover_tf_planner/clock_steps.py); a record without a timeline
+    (hand-made) has only its per-step values."""
     phases = np.asarray(stats.phases_ns, dtype=np.float64).reshape(-1, PHASE_COLUMNS)
     timed = phases[warmup_steps:stats.steps] / 1e9
+    stepped = clock_steps.stepped_steps(stats)[warmup_steps:warmup_steps + len(timed)]
+    timed = timed[~stepped] if len(stepped) == len(timed) else timed
     if not len(timed):
         return float(stats.device_s or 0.0), float(stats.comm_s or 0.0)
     device = (timed[:, 1] - timed[:, 0]) + (timed[:, 4] - timed[:, 3])

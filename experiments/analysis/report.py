@@ -161,7 +161,7 @@ def _ratio_lines(result: Comparison, n_trials: int) -> list[str]:
     header = f"median [min–max] of {n_trials} trials" if n_trials > 1 else "value"
     lines = ["", f"| ratio | {header} | 95% interval (call) |", "|---|---:|---:|"]
     over_ideal = {metric.key for metric in registry.OVER_IDEAL.values()}
-    lines += [f"| {row.label} | {with_spread(spreads[row.key])} | "
+    lines += [f"| {row.label} | {with_spread(spreads[row.key])}{_left_out(result, row.key)} | "
               f"{intervals.describe(found.get(row.key), judge=_judge(row.key in over_ideal))} |"
               for row in registry.TABLE if row.key in spreads]
     if found:
@@ -170,6 +170,15 @@ def _ratio_lines(result: Comparison, n_trials: int) -> list[str]:
     if result.ideal is not None and registry.IDEAL.key in spreads:
         lines += ["", ideal_note(result.ideal)]
     return lines
+
+
+def _left_out(result: Comparison, key: str) -> str:
+    """Said in the ratio's own cell: the trials a failed check left out of it (trials.combine),
+    so the median, range and interval beside it are read as what they are."""
+    left = result.left_out.get(key)
+    if not left:
+        return ""
+    return f"; {', '.join(f'trial {i}' for i in left)} left out: its check failed (above)"
 
 
 def _judge(of_ideal: bool) -> Callable[[float, float], str]:

@@ -9,6 +9,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from crossover_tf_planner import clock_steps
 from crossover_tf_planner.job_stats import JobStats
 
 
@@ -18,10 +19,21 @@ def sequential_aggregate(jobs: Mapping[str, JobStats]) -> float:
     return images / sum(j.timed_wall_s for j in jobs.values())
 
 
-class WindowTooShort(ValueError):
+class WindowUnmeasurable(ValueError):
+    """A concurrent scenario whose window cannot be measured: it is refused, left out of the
+    table and every ratio, with the reason (comparison/summary.py)."""
+
+
+class WindowTooShort(WindowUnmeasurable):
     """A concurrent scenario whose jobs overlapped too little to measure: its numbers would be a
     few steps' noise (such a window once gave a crossover/sequential ratio above what any
     policy can reach), so it is refused."""
+
+
+class ClockStepped(WindowUnmeasurable):
+    """A concurrent scenario during whose window the wall clock stepped: the window's length,
+    read off the wall clock as the jobs' step ends are, is wrong by the step
+    (crossover_tf_planner/clock_steps.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +92,7 @@ def concurrent_aggregate(stats: Mapping[str, JobStats], warmup_steps: int | Mapp
     ends, warmup, start, stop = _window(stats, warmup_steps)
     if stop <= start:
         raise WindowTooShort("jobs did not run concurrently past warm-up; increase --steps")
+    _refuse_clock_steps(stats, ends, start, stop)
     window_s = (stop - start) / 1e9
     steps_in = {name: int(np.count_nonzero((e > start) & (e <= stop))) for name, e in ends.items()}
     if guard is not None:
@@ -90,6 +103,20 @@ def concurrent_aggregate(stats: Mapping[str, JobStats], warmup_steps: int | Mapp
     per_job = {name: fractional_steps(e, start, stop) * stats[name].global_batch_size / window_s
                for name, e in ends.items()}
     return float(sum(per_job.values())), per_job, window_s
+
+
+def _refuse_clock_steps(stats: Mapping[str, JobStats], ends: Mapping[str, np.ndarray],
+                        start: int, stop: int) -> None:
+    """Raises ClockStepped where a job's step inside the window (start, stop] was one the
+    wall clock stepped over."""
+    for name, e in ends.items():
+        inside = (e > start) & (e <= stop) & clock_steps.stepped_steps(stats[name])
+        if inside.any():
+            step = int(np.flatnonzero(inside)[0])
+            raise ClockStepped(
+                f"the wall clock stepped during job {name}'s step {step}, inside the jobs' "
+                "concurrent window: the window's length, read off the wall clock, is wrong "
+                "by the step (a time daemon setting the clock; run again)")
 
 
 def fractional_steps(ends_ns: np.ndarray, start: int, stop: int) -> float:
@@ -107,12 +134,16 @@ def window_step_durations(stats: Mapping[str, JobStats], warmup_steps: int | Map
     """Per job, the durations (s) of the steps that end inside the concurrent window: what a
     bootstrap resamples to tell how far the window's rates could move by chance."""
     ends, _, start, stop = _window(stats, warmup_steps)
-    return {name: (np.diff(e)[(e[1:] > start) & (e[1:] <= stop)] / 1e9).tolist()
+    return {name: _known(clock_steps.step_lengths_s(stats[name])[(e[1:] > start) & (e[1:] <= stop)])
             for name, e in ends.items()}
 
 
 def timed_step_durations(stats: JobStats, warmup_steps: int) -> list[float]:
     """Durations (s) of a job's timed steps (those after warm-up), e.g. in a sequential run."""
-    return (np.diff(np.asarray(stats.step_end_ns, dtype=np.int64))[max(warmup_steps - 1, 0):]
-            / 1e9).tolist()
+    return _known(clock_steps.step_lengths_s(stats)[max(warmup_steps - 1, 0):])
+
+
+def _known(lengths_s: np.ndarray) -> list[float]:
+    """Step lengths without those a clock step made unknown (clock_steps.step_lengths_s)."""
+    return lengths_s[~np.isnan(lengths_s)].tolist()
 

@@ -21,9 +21,10 @@ def summarise(stats: Stats, warmup_steps: int, settings: Mapping[str, Any],
     ratio is there only when both of its scenarios ran and measured. Each measured scenario
     keeps step_s, per job the durations of the steps it was measured on, for the bootstrap
     interval (intervals.py). A concurrent scenario whose window is too short
-    (throughput.WindowGuard) is left out of the table and every ratio, with the reason under
-    invalid. The sanity bounds (analysis/bounds.py) judge the summary afterwards, on its
-    numbers; kept apart, this arithmetic takes any hand-made numbers."""
+    (throughput.WindowGuard), or during whose window the wall clock stepped, is left out of the
+    table and every ratio, with the reason under invalid. The sanity bounds
+    (analysis/bounds.py) judge the summary afterwards, on its numbers; kept apart, this
+    arithmetic takes any hand-made numbers."""
     seq = stats[registry.SEQUENTIAL]
     table = {registry.solo(job): ScenarioResult({job: s}, s.images_per_s, {job: s.images_per_s})
              for job, s in seq.items()}
@@ -39,7 +40,7 @@ def summarise(stats: Stats, warmup_steps: int, settings: Mapping[str, Any],
             continue
         try:
             table[name] = _concurrent(stats[name], warmup_steps)
-        except throughput.WindowTooShort as err:  # left out of every ratio below
+        except throughput.WindowUnmeasurable as err:  # left out of every ratio below
             logging.warning("scenario %s is invalid: %s", name, err)
             invalid[name] = str(err)
     trial = Trial(table, settings=dict(settings), invalid=invalid)

@@ -10,6 +10,7 @@ far a ratio can be trusted.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import statistics
 from typing import Any, Mapping, Sequence
 
@@ -99,25 +100,33 @@ def combine(per_trial: Sequence[Trial]) -> Comparison:
     as medians over the trials that measured them with their spread and the bootstrap
     interval (intervals.py) beside them, invalid (per scenario, the trials it was refused in
     and why), checks (what failed a sanity check: a measured ratio above its ideal, over all
-    trials or in one), and every trial."""
+    trials or in one), and every trial. A trial whose own check failed is left out of the
+    medians, spreads and intervals of every ratio the check puts in doubt (left_out_ratios;
+    the record's left_out names them), and its own ratios stay in per_trial as measured."""
     if not per_trial:
         raise ValueError("no trials to combine")
-    chosen = representative_trial(per_trial)
+    flagged = trials_above_ideal(per_trial)
+    left_out = left_out_ratios(per_trial, flagged)
+    counted = [dataclasses.replace(t, ratios={k: v for k, v in t.ratios.items()
+                                              if index not in left_out.get(k, ())})
+               for index, t in enumerate(per_trial)]
+    chosen = representative_trial(counted)
     names = list(dict.fromkeys(name for t in per_trial for name in t.ratios))
-    ratio_spread = {name: spread([t.ratios[name] for t in per_trial if name in t.ratios],
-                                 trials=len(per_trial)) for name in names}
+    ratio_spread = {name: spread([t.ratios[name] for t in counted if name in t.ratios],
+                                 trials=len(per_trial)) for name in names
+                    if any(name in t.ratios for t in counted)}
     invalid: dict[str, list[InvalidRun]] = {}
     for trial, t in enumerate(per_trial):
         for name, reason in t.invalid.items():
             invalid.setdefault(name, []).append(InvalidRun(trial, reason))
-    found = intervals.ratio_intervals(per_trial)
+    found = intervals.ratio_intervals(counted)
     return Comparison(
         per_trial[chosen].scenarios, {name: s.median for name, s in ratio_spread.items()},
         trials=len(per_trial), representative_trial=chosen, ratio_spread=ratio_spread,
         ratio_interval=found, invalid=invalid,
-        checks=above_ideal(ratio_spread, found) + trials_above_ideal(per_trial),
+        checks=above_ideal(ratio_spread, found) + [check.message for check in flagged],
         achieved_comm_to_compute=spread([comm_to_compute(t) for t in per_trial]),
-        per_trial=list(per_trial), ideal=per_trial[chosen].ideal)
+        per_trial=list(per_trial), ideal=per_trial[chosen].ideal, left_out=left_out)
 
 
 def above_ideal(ratio_spread: Mapping[str, Spread],
@@ -141,7 +150,15 @@ def above_ideal(ratio_spread: Mapping[str, Spread],
     return flagged
 
 
-def trials_above_ideal(per_trial: Sequence[Trial]) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class TrialCheck:
+    """One trial's crossed scenario above its ideal beyond the trial's own interval."""
+    trial: int
+    crossed: str
+    message: str
+
+
+def trials_above_ideal(per_trial: Sequence[Trial]) -> list[TrialCheck]:
     """Each trial of several whose measured / ideal lies above 1 beyond its own 95% interval
     (its steps resampled, intervals.over_ideal_interval), named: one such trial moves the
     median and widens the spread without lifting the median's interval above 1, so above_ideal
@@ -155,9 +172,29 @@ def trials_above_ideal(per_trial: Sequence[Trial]) -> list[str]:
             if found is not None and found.low > 1.0:
                 beyond = (f"this trial's 95% interval {found.low:.3f}–{found.high:.3f} lies "
                           "wholly above 1")
-                flagged.append(f"trial {index}: " + _above_ideal(
-                    crossed, trial.ratios[metric.key], beyond, f"trial {index}"))
+                flagged.append(TrialCheck(index, crossed, f"trial {index}: " + _above_ideal(
+                    crossed, trial.ratios[metric.key], beyond, f"trial {index}")))
     return flagged
+
+
+def left_out_ratios(per_trial: Sequence[Trial], flagged: Sequence[TrialCheck]
+                    ) -> dict[str, list[int]]:
+    """Per ratio, the trials a failed check leaves out of it. "The measurement or the bound
+    is wrong", and a check cannot tell which: so both go, the bound's (every number resting on
+    the trial's solo runs: registry.ON_SEQUENTIAL, as analysis/bounds.py refuses a slowed
+    sequential run) and the crossed scenario's (every ratio it is part of). The trial's other
+    ratios (e.g. naive against another crossed scenario) stay."""
+    left_out: dict[str, list[int]] = {}
+    for check in flagged:
+        doubted = set(registry.ON_SEQUENTIAL) | {
+            key for key in per_trial[check.trial].ratios
+            if (ratio := registry.RATIO_BY_KEY.get(key)) is not None
+            and check.crossed in (ratio.top, ratio.bottom)}
+        for key in sorted(doubted & set(per_trial[check.trial].ratios)):
+            trials = left_out.setdefault(key, [])
+            if check.trial not in trials:
+                trials.append(check.trial)
+    return left_out
 
 
 def _above_ideal(crossed: str, value: float, beyond: str, whose: str) -> str:
