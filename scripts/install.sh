@@ -79,6 +79,9 @@ PY
 if hvd_ok && [ "$("$PY" -c 'import importlib.metadata as m; print(m.version("horovod"))')" = "$HVD_VERSION" ]; then
   log "horovod $HVD_VERSION already installed with Gloo"
 else
+  # A wheel found there is installed and run: the cache must be root's or this user's and
+  # nobody else's to write (the op cache's trust rule, crossover_tf/lease/trusted_path.py).
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m crossover_tf.lease.trusted_path "$WHEEL_DIR"
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
     log "building horovod $HVD_VERSION against $TF_NAME $TF_VERSION (cached in $WHEEL_DIR)"
     src=$(mktemp -d)

@@ -1,7 +1,8 @@
 """The op library's first-use build cache (crossover_tf/lease/op_cache.py): its key, its lock,
-its failures. A stand-in `make` on PATH takes the compiler's place (it writes the library file,
-slowly, and counts its runs), so the cache's own behaviour is what is tested here;
-tests/system/test_wheel.py compiles the real op this way in a fresh environment."""
+its failures, its trust in its own files. A stand-in `make` on PATH takes the compiler's place
+(tests/support/op_cache_fakes.py), so the cache's own behaviour is what is tested here (playing
+another user: tests/multiprocess/test_op_cache_trust.py); tests/system/test_wheel.py compiles the
+real op this way in a fresh environment."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -10,50 +11,18 @@ import json
 import os
 import pathlib
 import stat
+import time
 
 import pytest
 
+from op_cache_fakes import copy_sources, fake_make, run_count
 from crossover_tf.lease import loader, op_cache
 from crossover_tf.lease.library_paths import REPO_OPS
-
-FAKE_MAKE = """#!/bin/sh
-# make -C SRC PYTHON=... OUT=... RECORD=... op: counts its runs, takes a while, then writes OUT
-echo run >> "{runs}"
-for arg in "$@"; do
-  case "$arg" in OUT=*) out=${{arg#OUT=}};; RECORD=*) record=${{arg#RECORD=}};; esac
-done
-sleep {sleep_s}
-[ -n "{fail}" ] && {{ echo "lease_kernels.cc:1: error: made to fail"; exit 2; }}
-echo library > "$out"
-echo '{{"tensorflow": "9.9.9"}}' > "$record"
-"""
 
 
 @pytest.fixture
 def sources(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A copy of the op's sources (what a wheel carries), so a test may change one."""
-    folder = tmp_path / "op_sources"
-    for path in op_cache.source_files(REPO_OPS):
-        target = folder / path.relative_to(REPO_OPS)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(path.read_bytes())
-    return folder
-
-
-def fake_make(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, sleep_s: float = 0.0,
-              fail: bool = False) -> pathlib.Path:
-    """Puts the stand-in make first on PATH; returns the file it counts its runs in."""
-    bin_dir, runs = tmp_path / "bin", tmp_path / "make_runs"
-    bin_dir.mkdir(exist_ok=True)
-    make = bin_dir / "make"
-    make.write_text(FAKE_MAKE.format(runs=runs, sleep_s=sleep_s, fail="1" if fail else ""))
-    make.chmod(make.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return runs
-
-
-def run_count(runs: pathlib.Path) -> int:
-    return len(runs.read_text().splitlines()) if runs.exists() else 0
+    return copy_sources(tmp_path / "op_sources")
 
 
 def test_the_key_follows_the_tensorflow_version_and_every_source(sources):
@@ -114,6 +83,8 @@ def test_a_failed_compile_says_why_keeps_its_log_and_publishes_nothing(
 
 def test_a_build_held_too_long_by_another_process_is_an_error_naming_it(
         sources, tmp_path, monkeypatch):
+    """The holder named is the kernel's (/proc/locks), not a pid written in the file, which
+    whoever opened it could have chosen."""
     runs = fake_make(tmp_path, monkeypatch)
     root = tmp_path / "cache"
     root.mkdir()
@@ -122,9 +93,110 @@ def test_a_build_held_too_long_by_another_process_is_an_error_naming_it(
         fcntl.flock(held, fcntl.LOCK_EX)
         held.write("4242")
         held.flush()
-        with pytest.raises(op_cache.OpBuildError, match=r"pid 4242\) has been building"):
+        with pytest.raises(op_cache.OpBuildError) as err:
             op_cache.cached_library("9.9.9", sources, root=root, timeout_s=0.5)
+    assert f"another process (pid {os.getpid()}) has been building" in str(err.value)
+    assert "4242" not in str(err.value)
     assert run_count(runs) == 0
+
+
+def test_a_lock_that_is_a_link_is_refused_and_truncates_nothing(sources, tmp_path,
+                                                                 monkeypatch):
+    """Before: the lock was opened with O_CREAT and no O_NOFOLLOW, then truncated and written,
+    through a link to any file (issue 59, 2)."""
+    runs = fake_make(tmp_path, monkeypatch)
+    root, precious = tmp_path / "cache", tmp_path / "precious"
+    root.mkdir()
+    precious.write_text("keep me\n")
+    lock = root / f"{op_cache.build_key('9.9.9', sources)}.lock"
+    lock.symlink_to(precious)
+    with pytest.raises(op_cache.OpBuildError) as err:
+        op_cache.cached_library("9.9.9", sources, root=root)
+    assert f"{lock} is a symbolic link" in str(err.value)
+    assert "remove what another user made there" in str(err.value)
+    assert precious.read_text() == "keep me\n" and run_count(runs) == 0
+
+
+def test_a_failed_log_replaces_a_link_instead_of_writing_through_it(sources, tmp_path,
+                                                                     monkeypatch):
+    """Before: shutil.copyfile wrote the log through a link at <key>.failed.log."""
+    fake_make(tmp_path, monkeypatch, fail=True)
+    root, precious = tmp_path / "cache", tmp_path / "precious"
+    root.mkdir()
+    precious.write_text("keep me\n")
+    kept = root / f"{op_cache.build_key('9.9.9', sources)}.failed.log"
+    kept.symlink_to(precious)
+    with pytest.raises(op_cache.OpBuildError, match="made to fail"):
+        op_cache.cached_library("9.9.9", sources, root=root)
+    assert precious.read_text() == "keep me\n"
+    assert not kept.is_symlink() and "made to fail" in kept.read_text()
+
+
+def test_a_published_library_is_loaded_only_as_it_was_built(sources, tmp_path, monkeypatch):
+    """The entry's library must be this user's (or root's), writable by nobody else, and match
+    the digest written beside it when it was built; an entry from before digests is rebuilt."""
+    runs = fake_make(tmp_path, monkeypatch)
+    root = tmp_path / "cache"
+    library = op_cache.cached_library("9.9.9", sources, root=root)
+    library.chmod(0o666)
+    with pytest.raises(op_cache.OpBuildError,
+                       match=rf"{library} .*writable by its group or by others.*CROSSOVER_CACHE"):
+        op_cache.cached_library("9.9.9", sources, root=root)
+    library.chmod(0o755)
+    library.write_text("changed\n")
+    with pytest.raises(op_cache.OpBuildError) as err:
+        op_cache.cached_library("9.9.9", sources, root=root)
+    assert f"{library} does not match the digest" in str(err.value)
+    assert f"remove {library.parent}" in str(err.value)
+    (library.parent / op_cache.DIGEST_NAME).unlink()     # as an entry built before digests
+    assert op_cache.cached_library("9.9.9", sources, root=root) == library
+    assert library.read_text() == "library\n" and run_count(runs) == 2
+
+
+def test_a_waiter_takes_the_library_published_while_the_lock_is_still_held(
+        sources, tmp_path, monkeypatch):
+    """Before: a rank waiting on the lock looked for the library only once it had the lock, so
+    whoever kept holding it (a reader, in a 0755 home) stalled it although the library was
+    there (issue 59, 3)."""
+    fake_make(tmp_path, monkeypatch)
+    root = tmp_path / "cache"
+    library = op_cache.cached_library("9.9.9", sources, root=root)
+    library.parent.rename(root / "away")
+    with open(root / f"{library.parent.name}.lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiter = pool.submit(op_cache.cached_library, "9.9.9", sources, root=root,
+                                 timeout_s=5)
+            time.sleep(0.5)
+            (root / "away").rename(library.parent)
+            assert waiter.result(timeout=3) == library
+
+
+def test_a_cache_reached_through_this_users_link_is_used(sources, tmp_path, monkeypatch):
+    """The normal case the trust rule keeps: a link of one's own (~/.cache on another disk)."""
+    runs = fake_make(tmp_path, monkeypatch)
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "home").symlink_to(tmp_path / "disk")
+    library = op_cache.cached_library("9.9.9", sources, root=tmp_path / "home" / "ops")
+    assert library.read_text() == "library\n" and run_count(runs) == 1
+    assert (tmp_path / "disk" / "ops" / library.parent.name / library.name).exists()
+
+
+def test_a_cache_folder_others_may_write_is_refused_and_nothing_is_made_in_it(
+        sources, tmp_path, monkeypatch):
+    """Before: a group-writable cache (several users sharing one) was used as it was: any
+    member could replace the library another would load (issue 59, 1)."""
+    runs = fake_make(tmp_path, monkeypatch)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2775)
+    with pytest.raises(op_cache.OpBuildError) as err:
+        op_cache.cached_library("9.9.9", sources, root=shared / "ops")
+    message = str(err.value)
+    assert f"op library cache {shared / 'ops'} fails the trust rule" in message
+    assert f"{shared} (owner " in message and "mode 2775) is writable by its group" in message
+    assert "install -d -m 0700" in message
+    assert list(shared.iterdir()) == [] and run_count(runs) == 0
 
 
 @pytest.mark.parametrize("environ, missing", [
