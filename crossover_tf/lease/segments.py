@@ -206,11 +206,12 @@ class SegmentFile:
 @dataclasses.dataclass(frozen=True)
 class SegmentListing:
     """The segment names of a lease directory: the first MAX_SEGMENTS, those that may be real
-    leases first (see scan_segments), and how many more there were (planted names must not
-    hide real leases silently). The first `real` of `found` may be leases; `untrusted` counts
-    every name that cannot be one (it fails the trust rule by its lstat alone), listed or not,
-    so that planted names are counted apart from leases. complete is False when the listing
-    stopped at its deadline: names past that point were not seen."""
+    leases first, in turns by owner (see scan_segments), and how many more there were
+    (planted names must not hide real leases silently). The first `real` of `found` may be
+    leases; `untrusted` counts every name that cannot be one (it fails the trust rule by its
+    lstat alone), listed or not, so that planted names are counted apart from leases.
+    complete is False when the listing stopped at its deadline: names past that point were
+    not seen."""
     found: list[SegmentFile]
     not_shown: int
     real: int = 0
@@ -233,11 +234,37 @@ def _may_be_a_lease(st: os.stat_result, directory_gid: int) -> bool:
             and (bits & 0o077 == 0 or (bits == 0o660 and st.st_gid == directory_gid)))
 
 
+# A name of the listing: (cannot be a lease, its owner's uid or its turn, name, group, device
+# key).
+_Name = tuple[bool, int, str, str, str]
+
+
+def _in_owner_turns(names: list[_Name]) -> list[_Name]:
+    """names in reading order, as (cannot, turn, name, group, device key): those that may be
+    leases first, in turns by owner (every owner's first name by name order, then every
+    owner's second, ...), then the others by name. Anyone may plant names that pass the trust
+    rule by their lstat in a sticky shared directory (one-byte 0600 files, forged segments
+    with live members: theirs to make), but only in their own turns: another user's lease
+    stays among the first MAX_SEGMENTS read, and the exporter's member budget, spent in this
+    order, reaches it. An owner's share is capped only by the others' turns, so one user
+    alone may still fill the listing."""
+    turns: dict[int, int] = {}
+    ordered = []
+    for cannot, owner, name, group, key in sorted(names, key=lambda n: (n[1], n[2])):
+        turn = 0 if cannot else turns.get(owner, 0)
+        if not cannot:
+            turns[owner] = turn + 1
+        ordered.append((cannot, turn, name, group, key))
+    ordered.sort()
+    return ordered
+
+
 def scan_segments(lease_dir: str | os.PathLike | None = None,
                   group: str | None = None, deadline: float | None = None) -> SegmentListing:
     """The lease segment names in the directory (of one group if given): those that may be
-    real leases first, each part in name order, so names planted to sort first (empty or
-    0666 files) cannot push a real lease past MAX_SEGMENTS. Names that are not
+    real leases first, in turns by owner (_in_owner_turns), then the others in name order, so
+    names planted to sort first (empty or 0666 files, or another user's files that pass the
+    trust rule by their lstat) cannot push a real lease past MAX_SEGMENTS. Names that are not
     <prefix>.<group>.<device_key> with valid parts, and entries that are not regular files (by
     the directory's own type, never following a link), are ignored. Opens and creates
     nothing: each name costs one lstat. With a deadline (time.monotonic()), the listing stops
@@ -258,14 +285,14 @@ def scan_segments(lease_dir: str | os.PathLike | None = None,
                     and _NAME_RE.fullmatch(parts[2]) and (group is None or parts[1] == group)
                     and entry.is_file(follow_symlinks=False)):
                 try:
-                    maybe = _may_be_a_lease(entry.stat(follow_symlinks=False), directory_gid)
+                    st = entry.stat(follow_symlinks=False)
                 except OSError:  # removed meanwhile
                     continue
-                names.append((not maybe, entry.name, parts[1], parts[2]))
-    names.sort()
+                names.append((not _may_be_a_lease(st, directory_gid), st.st_uid, entry.name,
+                              parts[1], parts[2]))
     untrusted = sum(1 for cannot, *_ in names if cannot)
-    found = names[:MAX_SEGMENTS]
-    return SegmentListing([SegmentFile(g, key, directory / name) for _, name, g, key in found],
+    found = _in_owner_turns(names)[:MAX_SEGMENTS]
+    return SegmentListing([SegmentFile(g, key, directory / name) for *_, name, g, key in found],
                           max(0, len(names) - MAX_SEGMENTS),
                           real=sum(1 for cannot, *_ in found if not cannot),
                           untrusted=untrusted, complete=complete)

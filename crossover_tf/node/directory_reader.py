@@ -3,11 +3,14 @@ the node exporter serves.
 
 Other local users may plant files in a shared directory, so no file may stall a reader and no
 number of names may hide a lease or swamp the reader: the whole read, listing included, is
-bounded; names that fail the trust rule by their lstat alone (empty, 0666: anyone may make
-them) are counted apart from the leases and never read (status names the first few, with the
-reader's reason); a file that may be a lease but cannot be read (refused by the trust rule,
-unreadable, another layout) is skipped and named; and names past the first MAX_SEGMENTS are
-counted, never dropped silently. Plain Python: the reader of one file is the caller's (the
+bounded; names are read in turns by owner (scan_segments: every owner's first lease before
+anyone's second), so one user's names, even ones that pass the trust rule (one-byte 0600
+files, forged segments), cannot push another's lease out of the read; names that fail the
+trust rule by their lstat alone (empty, 0666: anyone may make them) are counted apart from
+the leases and never read (status names the first few, with the reader's reason); a file
+that may be a lease but cannot be read (refused by the trust rule, unreadable, another
+layout) is skipped and named; and names past the first MAX_SEGMENTS are counted, never
+dropped silently. Plain Python: the reader of one file is the caller's (the
 TensorFlow op for status, the observer library for the exporter).
 """
 from __future__ import annotations

@@ -26,7 +26,8 @@ WAIT_BUCKETS_S = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0)
 # The series bound (issue 48, item 5): whoever may write a segment can fill its 64 slots with
 # members kept live by their lock bytes, so a scrape serves member series (18 samples each)
 # for at most this many members per lease (the holder first, then by slot) and this many in
-# all (leases in listing order), and counts the rest (exporter_truncated_members). A lease's
+# all (leases in listing order: in turns by owner, so one user's forged leases cannot spend
+# another's share), and counts the rest (exporter_truncated_members). A lease's
 # own series (members, queue, totals, holder age: 5 samples) are served for every lease read,
 # at most MAX_SEGMENTS (1,000): one scrape is at most ~14,200 samples, whatever is planted.
 # 512 is a node of 8 devices with the segment's 64 members on each.

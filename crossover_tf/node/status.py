@@ -5,7 +5,8 @@ namespace), the holder and the queue. Read-only: it inspects each file as an obs
 (membership.read_snapshot: opened read-only and non-blocking, copied, never locked), so it never
 becomes a member, creates, changes or repairs a segment, and needs no write access. Other local
 users may plant files in a shared directory, so no file can stall it and no number of names
-can hide a lease: the whole command is bounded (STATUS_BOUND_S), the leases come first, a file
+can hide a lease: the whole command is bounded (STATUS_BOUND_S), the leases come first (in
+turns by owner, so another user's planted names come after each owner's first lease), a file
 that may be a lease but fails the trust rule (ops/core/lease_dir.h) is skipped and named, names
 that fail it by their lstat alone (empty, 0666) are counted apart, the first UNTRUSTED_NAMED
 named, and names past the first MAX_SEGMENTS are counted, not silently dropped.

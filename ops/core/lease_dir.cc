@@ -206,6 +206,12 @@ namespace {
 
 constexpr int kMaxLinks = 40;  // as the kernel's ELOOP bound
 
+// Whether a directory's mode is group mode's: writable by its group, not by others, sticky
+// (checked before GroupProblem, whose owner check may ask the user database, on every read).
+bool GroupModeBits(const struct stat& st) {
+  return (st.st_mode & (S_IWGRP | S_IWOTH | S_ISVTX)) == (S_IWGRP | S_ISVTX);
+}
+
 // Why a directory on the lease path is not safe ("" if it is): the rule for an ancestor, or
 // for the lease directory itself (leaf), for this use; *is_group: it passed as a group-mode one.
 std::string DirProblem(const std::string& path, const struct stat& st, DirUse use, bool leaf,
@@ -214,18 +220,16 @@ std::string DirProblem(const std::string& path, const struct stat& st, DirUse us
   if (use == DirUse::kObserve) {
     // An observer (status, the exporter) only reads, and reads every user's leases: it
     // trusts a directory's owner, whoever that is, as long as nobody else can change its
-    // entries; a lease directory may also be a group-mode one.
+    // entries. A lease directory that passes as a group-mode one (the group's 3770) is read
+    // as one even though it passes the private rule too (root's and sticky): else its
+    // group's 0660 segments would all be refused and no group-mode lease ever observed.
     const uid_t trusted = (st.st_uid == 0 || st.st_uid == me) ? me : st.st_uid;
-    std::string problem = PrivateProblem(path, st, trusted);
-    if (!problem.empty() && leaf) {
-      const std::string group = GroupProblem(path, st, me, /*member=*/false);
-      if (group.empty()) {
-        *is_group = true;
-        return "";
-      }
-      problem += "; nor does it pass as a group-mode directory: " + group;
-    }
-    return problem;
+    const std::string problem = PrivateProblem(path, st, trusted);
+    if (!leaf || (problem.empty() && !GroupModeBits(st))) return problem;
+    const std::string group = GroupProblem(path, st, me, /*member=*/false);
+    *is_group = group.empty();
+    if (problem.empty() || *is_group) return "";
+    return problem + "; nor does it pass as a group-mode directory: " + group;
   }
   if (!leaf || use == DirUse::kPrivate) return PrivateProblem(path, st, me);
   *is_group = true;
@@ -383,7 +387,9 @@ LeaseStatus CheckSegmentTrust(const std::string& path, const struct stat& st, gi
   }
   const uid_t me = geteuid();
   const mode_t bits = st.st_mode & 07777;
-  if (group_mode) {
+  // An observer in a group-mode directory reads private-mode jobs' 0600 segments too: a job
+  // without shared_group may use a sticky group directory its user may write.
+  if (group_mode && !(observer && (bits & 077) == 0)) {
     if (st.st_gid != dir_gid) {
       return Denied(
           path + " belongs to group " + std::to_string(st.st_gid) + ", not to the group of "

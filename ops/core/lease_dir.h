@@ -44,7 +44,8 @@ const char* LocalFileSystem(int64_t f_type);
 std::string FileSystemText(int64_t f_type);
 
 // Who trusts the directory: a job that will create and write segments in it, or an observer
-// (status, exporter) that only reads them and accepts a directory of either mode.
+// (status, exporter) that only reads them and accepts a directory of either mode (one that
+// passes as a group-mode directory is observed as one, its group's 0660 segments read).
 enum class DirUse { kPrivate, kGroup, kObserve };
 
 // A lease directory that passed the trust rule, held open (O_PATH) so that every later open,
@@ -79,7 +80,8 @@ LeaseStatus OpenTrustedDir(const std::string& dir, DirUse use,
                            std::shared_ptr<const TrustedDir>* out);
 
 // The trust rule for a segment file, given its fstat, its directory's group and mode. An
-// observer accepts a private segment (0600) of any user; a job only its own.
+// observer accepts a private segment (0600) of any user, and in a group-mode directory also
+// the group's 0660 ones; a job only its own.
 LeaseStatus CheckSegmentTrust(const std::string& path, const struct stat& st, gid_t dir_gid,
                               bool group_mode, bool observer);
 

@@ -19,7 +19,7 @@ import tracemalloc
 import pytest
 
 from conftest import REPO_ROOT
-from lease_helpers import real_holder
+from lease_helpers import OUTSIDER_UID, as_user, needs_other_users, real_holder, scratch_base
 from benchmarks.exporter_scrape import count_samples, forge_template, plant_forged_leases
 from crossover_tf.lease import segments
 
@@ -180,6 +180,58 @@ def test_status_shows_the_real_lease_among_10000_planted_names(tmp_path, lease_g
     assert f"{leases.resolve()}/crossover.a00000.dev: " in text, text[-3000:]
     assert "has permissions 0666" in text, text[-3000:]
     assert len(text.splitlines()) < 40, f"{len(text.splitlines())} lines:\n{text[-3000:]}"
+
+
+def _plant_as_another_user(leases: pathlib.Path, count: int) -> None:
+    """count empty names and count one-byte 0600 files, made as OUTSIDER_UID (anyone may, in a
+    sticky shared directory), named to sort before the real lease; the one-byte files pass
+    the trust rule by their lstat."""
+    script = (f"cd {leases} && umask 077 && i=0 && while [ $i -lt {count} ]; do "
+              "n=$(printf %04d $i); : > crossover.a2empty$n.dev; "
+              "printf x > crossover.a1byte$n.dev; i=$((i + 1)); done")
+    made = subprocess.run(as_user(OUTSIDER_UID, (), "sh", "-c", script), capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+
+
+@needs_other_users
+def test_another_users_planted_names_cannot_hide_a_live_lease(tmp_path, template, lease_group,
+                                                              lease_cli, child_env):
+    """Before (issue 59, item 7): names another user planted to sort first that pass the
+    trust rule by their lstat (1,000 one-byte 0600 files, or 1,000 forged segments with live
+    members) filled the first MAX_SEGMENTS names read: the live lease got no series in the
+    exporter and status did not list it. Now names are read in turns by owner: the planter's
+    3,000 names (1,000 each of empty, one-byte and forged) delay the real lease by one read,
+    and the global bounds hold."""
+    from crossover_tf.node import exporter
+    fds: list[int] = []
+    try:
+        with scratch_base() as base, real_holder(tmp_path, lease_group, lease_cli, child_env,
+                                                 base) as (leases, env, holder_pid):
+            _plant_as_another_user(leases, 1000)
+            fds = plant_forged_leases(leases, template, 1000, 63, prefix="a0forged")
+            for fd in fds:
+                os.fchown(fd, OUTSIDER_UID, OUTSIDER_UID)
+            real = segments.segment_path(lease_group, "dev", leases)
+            start = time.perf_counter()
+            text, samples = scrape(leases)
+            took = time.perf_counter() - start
+            shown = subprocess.run([sys.executable, "-m", "crossover_tf.lease", "status"],
+                                   capture_output=True, text=True, timeout=120, env=env,
+                                   cwd=REPO_ROOT)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    lease = {"group": lease_group, "device": "dev"}
+    assert sample(samples, "crossover_lease_holding", crossover_job="real", **lease) == 1
+    assert sample(samples, "crossover_lease_members", **lease) == 1
+    assert sample(samples, "crossover_lease_exporter_leases") == 1000  # itself and 999 forged
+    assert sample(samples, "crossover_lease_exporter_untrusted_files") == 1000
+    bound = 1000 * LEASE_SAMPLES + exporter.MAX_MEMBERS_PER_SCRAPE * MEMBER_SAMPLES + 20
+    assert count_samples(text) <= bound, count_samples(text)
+    assert took < 3, f"one scrape took {took:.2f} s"
+    assert f"lease {real}\n" in shown.stdout, shown.stdout[:3000]
+    assert f"holder: job real  pid {holder_pid}" in shown.stdout, shown.stdout[:3000]
 
 
 def test_the_benchmark_prints_one_scrapes_time_memory_and_samples(child_env, tmp_path):

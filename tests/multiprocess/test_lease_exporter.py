@@ -16,7 +16,9 @@ import time
 import pytest
 
 from conftest import REPO_ROOT
-from lease_helpers import exporter, real_holder, scrape, value, wait_for
+from lease_helpers import (GROUP_GID, USER_UIDS, as_user, exporter, group_dir, needs_other_users,
+                           real_holder, scrape, value, wait_for)
+from benchmarks.exporter_scrape import JOB_OFFSET
 from crossover_tf.lease import segments
 from crossover_tf.node import exporter_metrics
 
@@ -155,6 +157,85 @@ def test_exporter_skips_untrusted_files_and_serves_the_rest(tmp_path, lease_grou
     assert value(samples, "crossover_lease_exporter_leases") == 1
     assert value(samples, "crossover_lease_holding", crossover_job="real", group=lease_group,
                  device="dev") == 1
+
+
+def _holder_word(segment: pathlib.Path, job: str, pid: int) -> int:
+    """The offset of the segment's holder nonce (SharedLease::holder, an Owner: nonce, slot,
+    pid), found without the C++ layout: the first copy of the holder's slot nonce (its slot
+    lies JOB_OFFSET before its job label) followed, after the slot, by the holder's pid."""
+    data = segment.read_bytes()
+    slot = data.index(job.encode() + b"\0") - JOB_OFFSET
+    nonce, offset = data[slot:slot + 8], -1
+    while True:
+        offset = data.index(nonce, offset + 1)
+        if int.from_bytes(data[offset + 12:offset + 16], "little") == pid:
+            return offset
+
+
+def _clear_holder_as(uid: int, segment: pathlib.Path, offset: int) -> None:
+    """Zeroes the holder nonce at offset as uid, a member of the lease group: every member
+    maps the segment writable, and a misbehaving one can write any word of it."""
+    cleared = subprocess.run(as_user(uid, (GROUP_GID,), "dd", "if=/dev/zero", f"of={segment}",
+                                     "bs=8", "count=1", f"seek={offset}", "oflag=seek_bytes",
+                                     "conv=notrunc", "status=none"),
+                             capture_output=True, text=True, timeout=60)
+    assert cleared.returncode == 0, cleared.stderr
+
+
+@needs_other_users
+def test_exporter_and_status_see_a_group_lease_and_the_overlap_a_member_forces(lease_group,
+                                                                               lease_cli,
+                                                                               child_env):
+    """Before (issue 59, item 6): in the sticky 3770 group directory group mode requires, the
+    observer applied the private rule and refused the group's 0660 segment (exporter_leases 0,
+    skipped_files 1; status did not list it), so the overlapping-hold counter, the check
+    against a member that clears the holder word, could never be seen. Now the directory is
+    observed as a group-mode one: the lease is served, and when member B zeroes A's holder
+    word and acquires while A holds, the overlap is counted and exported. A private job's
+    0600 lease in the same directory is read as before."""
+    with group_dir() as leases:
+        env = {**child_env, segments.LEASE_DIR_ENV: str(leases),
+               segments.SHARED_GROUP_ENV: "1"}
+        segment = leases / f"crossover.{lease_group}.dev"
+        a, b = USER_UIDS
+        holder = subprocess.Popen(as_user(a, (GROUP_GID,), str(lease_cli), "hold", lease_group,
+                                          "dev", str(leases / "ready")),
+                                  env={**env, "CROSSOVER_LEASE_JOB": "memberA"})
+        # A job without group mode may use the directory too: its 0600 lease is read beside.
+        private = subprocess.Popen([str(lease_cli), "hold", f"{lease_group}p", "dev",
+                                    str(leases / "private-ready")],
+                                   env={**env, segments.SHARED_GROUP_ENV: "0",
+                                        "CROSSOVER_LEASE_JOB": "privateC"})
+        try:
+            wait_for((leases / "ready").exists, 30, "member A's hold")
+            wait_for((leases / "private-ready").exists, 30, "the private job's hold")
+            shown = subprocess.run([sys.executable, "-m", "crossover_tf.lease", "status"],
+                                   capture_output=True, text=True, timeout=120, env=env,
+                                   cwd=REPO_ROOT)
+            with exporter(leases, env) as port:
+                before = scrape(port)
+                _clear_holder_as(b, segment, _holder_word(segment, "memberA", holder.pid))
+                acquired = subprocess.run(as_user(
+                    b, (GROUP_GID,), str(lease_cli), "acquire", lease_group, "dev", "5",
+                    str(leases / "acquired")), env={**env, "CROSSOVER_LEASE_JOB": "memberB"},
+                    capture_output=True, text=True, timeout=60)
+                after = scrape(port)
+        finally:
+            for proc in (holder, private):
+                proc.kill()
+                proc.wait()
+        acquired_text = (leases / "acquired").read_text() if acquired.returncode == 0 else ""
+    lease = {"group": lease_group, "device": "dev"}
+    assert value(before, "crossover_lease_exporter_leases") == 2
+    assert value(before, "crossover_lease_exporter_skipped_files") == 0
+    assert value(before, "crossover_lease_holding", crossover_job="memberA", **lease) == 1
+    assert value(before, "crossover_lease_holding", crossover_job="privateC") == 1
+    assert value(before, "crossover_lease_overlapping_holds_total", **lease) == 0
+    assert f"lease {segment}" in shown.stdout, (shown.stdout, shown.stderr)
+    assert "holder: job memberA" in shown.stdout, shown.stdout
+    assert acquired.returncode == 0 and acquired_text.startswith("ok"), (acquired,
+                                                                           acquired_text)
+    assert value(after, "crossover_lease_overlapping_holds_total", **lease) == 1
 
 
 def test_exporter_errors_are_one_clear_line(tmp_path, child_env):

@@ -108,11 +108,13 @@ def exporter(lease_dir: pathlib.Path, env: dict[str, str]) -> Iterator[int]:
 
 @contextlib.contextmanager
 def real_holder(tmp_path: pathlib.Path, group: str, lease_cli: pathlib.Path,
-                env: dict[str, str]) -> Iterator[tuple[pathlib.Path, dict[str, str], int]]:
+                env: dict[str, str], base: pathlib.Path | None = None
+                ) -> Iterator[tuple[pathlib.Path, dict[str, str], int]]:
     """A sticky world-writable lease directory like /dev/shm (anyone may plant names there)
     with job "real" holding its "dev" lease: yields the directory, the environment that names
-    it, and the holder's pid; the holder is killed on the way out."""
-    leases = tmp_path / "shm"
+    it, and the holder's pid; the holder is killed on the way out. The directory is made in
+    base if given (scratch_base: other uids can reach it), else in tmp_path."""
+    leases = (base or tmp_path) / "shm"
     leases.mkdir()
     leases.chmod(0o1777)
     env = {**env, "CROSSOVER_LEASE_DIR": str(leases)}

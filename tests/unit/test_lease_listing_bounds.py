@@ -5,6 +5,7 @@ takes any read function, and the observer's JSON is parsed from text."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -32,6 +33,22 @@ def test_the_listing_counts_names_that_fail_the_trust_rule_apart(tmp_path):
     assert listing.real == 3 and listing.untrusted == segments.MAX_SEGMENTS + 5
     assert [s.group for s in listing.found[:3]] == ["z0000", "z0001", "z0002"]
     assert listing.not_shown == 8 and listing.complete
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files another owner")
+def test_another_owners_names_that_pass_the_lstat_check_wait_their_turn(tmp_path):
+    """Before (issue 59, item 7): 1,000 one-byte 0600 names of another user, sorted first,
+    filled the first MAX_SEGMENTS and the real lease was never read. Now each owner's k-th
+    name comes before any owner's (k+1)-th: the real lease is second."""
+    for i in range(segments.MAX_SEGMENTS):
+        path = tmp_path / f"crossover.a{i:04d}.dev"
+        path.write_bytes(b"x")
+        path.chmod(0o600)
+        os.chown(path, 61003, 61003)
+    _plant(tmp_path, real=2, untrusted=0)
+    listing = segments.scan_segments(tmp_path)
+    assert [s.group for s in listing.found[:4]] == ["a0000", "z0000", "a0001", "z0001"]
+    assert listing.real == segments.MAX_SEGMENTS and listing.real_not_shown == 2
 
 
 def test_reading_skips_untrusted_names_names_a_few_and_counts_them_all(tmp_path):
