@@ -20,11 +20,13 @@ for 1,138,004 samples before the bound, 0.40 s for 13,222 with it
 
 Who may read the metrics (job names, pids, pid namespaces and device keys of every lease on
 the node): serve() listens where cli.py allows (loopback by default) with the TLS and basic
-auth of --web.config.file, in the Prometheus exporters' format (web_config.py).
+auth of --web.config.file, in the Prometheus exporters' format (web_config.py), bounded against
+hostile clients there; the file is re-read when it changes, and on SIGHUP.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -40,7 +42,7 @@ from crossover_tf.node.exporter_metrics import MAX_MEMBERS_PER_LEASE, MAX_MEMBER
 from crossover_tf.node.directory_reader import read_directory
 from crossover_tf.node.observer import (OBSERVE_BOUND_S, LeaseReadError, Observation,
                                          check_library, observe)
-from crossover_tf.node.web_config import WebConfig, start_server
+from crossover_tf.node.web_config import WebConfig, WSGIServer, start_server
 from crossover_tf.lease.segments import LeaseDirError, resolve_lease_dir
 
 DEFAULT_PORT = 9469
@@ -153,9 +155,19 @@ def serve(port: int, address: str, lease_dir: str | None, group: str | None,
     --web.config.file, and refuses an unprotected address beyond loopback)."""
     collector = LeaseCollector(lease_dir, group)
     REGISTRY.register(collector)
-    start_server(address, port, make_wsgi_app(REGISTRY), web)
+    server = start_server(address, port, make_wsgi_app(REGISTRY), web)
+    reload_on_sighup(server)
     scheme = web.scheme if web is not None else "http"
     how = f" ({web.describe()}, from {web.path})" if web is not None else ""
     print(f"crossover lease exporter: serving {scheme}://{address}:{port}/metrics for "
           f"{collector.lease_dir}{how}", flush=True)
     threading.Event().wait()
+
+
+def reload_on_sighup(server: WSGIServer) -> None:
+    """SIGHUP re-reads the web config now, as the Prometheus exporters' operators expect of a
+    daemon (a change is also noticed by itself, from the files' times; a file replaced within
+    the clock's resolution is not). Call from the main thread; no web config: nothing to do."""
+    live = getattr(server, "web", None)
+    if live is not None:
+        signal.signal(signal.SIGHUP, lambda signum, frame: live.reload())

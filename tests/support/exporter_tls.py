@@ -2,18 +2,22 @@
 auth tests (crossover_tf/node/web_config.py).
 
 make_pki() makes, with the `openssl` command, a throwaway certificate authority, a server
-certificate it signs for 127.0.0.1 and localhost, a client certificate it signs, and an
-unrelated self-signed certificate (a key that matches no other), all valid for two days, in a
-directory of the test's own. Elliptic-curve keys: fast to make. Skips where `openssl` is not
-installed. write_web_config() writes the exporter's --web.config.file; bcrypt_hash() hashes a
-password at the lowest bcrypt cost (4), so that the tests do not spend seconds in bcrypt.
+certificate it signs for 127.0.0.1 and localhost, a client certificate it signs (its SANs
+are CLIENT_SANS), and an unrelated self-signed certificate (a key that matches no other), all
+valid for two days, in a directory of the test's own. Elliptic-curve keys: fast to make.
+Skips where `openssl` is not installed. write_web_config() writes the exporter's
+--web.config.file; bcrypt_hash() hashes a password at the lowest bcrypt cost (4) by default, so
+that the tests do not spend seconds in bcrypt; basic() makes a basic-auth header, and
+client_hello() the first flight of a TLS client.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import pathlib
 import shutil
+import ssl
 import subprocess
 from typing import Any
 
@@ -21,6 +25,7 @@ import pytest
 
 USER = "prometheus"
 PASSWORD = "correct horse battery staple"
+CLIENT_SANS = ("prometheus.test", "spiffe://crossover.test/prometheus")  # the client cert's
 
 _OPENSSL_CONFIG = """\
 [req]
@@ -42,6 +47,7 @@ authorityKeyIdentifier = keyid
 basicConstraints = critical,CA:FALSE
 keyUsage = critical,digitalSignature
 extendedKeyUsage = clientAuth
+subjectAltName = DNS:prometheus.test,URI:spiffe://crossover.test/prometheus
 authorityKeyIdentifier = keyid
 """
 _EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -88,9 +94,14 @@ def make_pki(base: pathlib.Path) -> Pki:
                base / "client.crt", base / "client.key", base / "other.crt", base / "other.key")
 
 
-def bcrypt_hash(password: str = PASSWORD) -> str:
+def bcrypt_hash(password: str = PASSWORD, cost: int = 4) -> str:
     bcrypt = pytest.importorskip("bcrypt", reason="bcrypt (the exporter extra; scripts/install.sh)")
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=cost)).decode()
+
+
+def basic(user: str, password: str) -> str:
+    """An Authorization header for basic auth."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def write_web_config(path: pathlib.Path, config: Any) -> pathlib.Path:
@@ -106,3 +117,15 @@ def tls_and_auth_config(pki: Pki, **tls: Any) -> dict:
     return {"tls_server_config": {"cert_file": str(pki.server_cert),
                                   "key_file": str(pki.server_key), **tls},
             "basic_auth_users": {USER: bcrypt_hash()}}
+
+
+def client_hello() -> bytes:
+    """A TLS ClientHello, a real client's first flight: what a slow client sends a byte at a
+    time."""
+    tls = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(),
+                                                server_hostname="localhost")
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()

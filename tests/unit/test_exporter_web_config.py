@@ -23,8 +23,8 @@ from typing import Iterator
 import pytest
 
 from conftest import REPO_ROOT
-from exporter_tls import (PASSWORD, USER, Pki, bcrypt_hash, make_pki, tls_and_auth_config,
-                          write_web_config)
+from exporter_tls import (PASSWORD, USER, Pki, basic, bcrypt_hash, make_pki,
+                          tls_and_auth_config, write_web_config)
 
 pytest.importorskip("yaml", reason="PyYAML (the exporter extra; scripts/install.sh)")
 pytest.importorskip("bcrypt", reason="bcrypt (the exporter extra; scripts/install.sh)")
@@ -127,7 +127,7 @@ def test_refuses_unknown_keys(tmp_path, config, key):
 
 @pytest.mark.parametrize("section, key", [
     ("tls_server_config", "cipher_suites"), ("tls_server_config", "curve_preferences"),
-    ("tls_server_config", "client_allowed_sans"), ("tls_server_config", "cert"),
+    ("tls_server_config", "cert"),
     ("top", "http_server_config"),
 ])
 def test_refuses_exporter_toolkit_keys_it_does_not_implement(tmp_path, pki, section, key):
@@ -189,10 +189,6 @@ def test_refuses_bad_users_without_echoing_the_value(tmp_path, users, words):
 
 
 # --- basic auth -----------------------------------------------------------------------------
-
-def basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
 
 def test_basic_auth_accepts_only_the_users_password(tmp_path):
     hashed = bcrypt_hash()
