@@ -5,11 +5,14 @@ TFJob) or Slurm's resolver instead.
 
   python -m crossover_tf.launch -np 2 [--address 127.0.0.1] [--timeout_s S] -- python train.py
 
-The tasks listen on --address only. TensorFlow's gRPC server binds every interface whatever
-TF_CONFIG says, and runs graphs (reads and writes files as this user) for anyone who reaches
-it; the launcher preloads its bind guard (ops/launch/bind_address.c) into the tasks so that
-the server binds --address instead. With the default, 127.0.0.1, no other host can reach the
-tasks. --listen_on_all_interfaces gives TensorFlow's own behaviour back, for a trusted network.
+The tasks listen on --address only, and hear only their own user. TensorFlow's gRPC server
+binds every interface whatever TF_CONFIG says, and runs graphs (reads and writes files as this
+user) for anyone who reaches it; the launcher preloads its bind guard
+(ops/launch/bind_address.c) into the tasks so that the server binds --address instead (a
+socket listening unbound too), and accepts only connections from this machine's sockets of the
+tasks' own user (all the tasks are local): no other host, and no other local user, can run
+graphs on them. --address 0.0.0.0 is refused; --listen_on_all_interfaces gives TensorFlow's
+own behaviour back, for a trusted network.
 
 Each task's output lines are prefixed with its rank. When one task fails, the others are
 stopped (a peer left in a collective would wait for its timeout); past --timeout_s all are
@@ -30,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Sequence
+from typing import IO, Mapping, Sequence
 
 from crossover_tf.lease.library_paths import library_candidates
 
@@ -39,17 +42,35 @@ _GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 BIND_GUARD = "_bind_address.so"
 BIND_ADDRESS_ENV = "CROSSOVER_BIND_ADDRESS"  # read by the bind guard
+ACCEPT_OWN_USER_ENV = "CROSSOVER_ACCEPT_OWN_USER"  # read by the bind guard: "1" turns it on
 BIND_GUARD_CANDIDATES = library_candidates(BIND_GUARD)  # beside the op library
 
 
-def bind_guard_env(address: str, env: dict[str, str]) -> dict[str, str]:
+def refuse_every_interface(address: str) -> None:
+    """0.0.0.0 as the tasks' address would listen on every interface without saying so."""
+    try:
+        unspecified = ipaddress.ip_address(address).is_unspecified
+    except ValueError:
+        return
+    if unspecified:
+        raise ValueError(f"crossover_tf.launch: --address {address} would let anyone who "
+                         "reaches this machine run graphs as this user: give the address the "
+                         "tasks listen on (127.0.0.1 for one machine), or say "
+                         "--listen_on_all_interfaces on a trusted network")
+
+
+def bind_guard_env(address: str, env: Mapping[str, str], own_user_only: bool = False
+                   ) -> dict[str, str]:
     """The variables that make a task's servers listen on address only: the bind guard
-    preloaded (before anything env already preloads) and told the address."""
+    preloaded (before anything env already preloads) and told the address; with
+    own_user_only, told too to accept only this machine's connections of the task's user
+    (for tasks that are all on this machine: a peer on another host would be refused)."""
     try:
         ipaddress.IPv4Address(address)
     except ValueError:
         raise ValueError(f"crossover_tf.launch: --address must be an IPv4 address (the tasks "
                          f"listen on it alone), got {address!r}") from None
+    refuse_every_interface(address)
     found = [p for p in BIND_GUARD_CANDIDATES if p.is_file()]
     if not found:
         raise ValueError(
@@ -59,7 +80,8 @@ def bind_guard_env(address: str, env: dict[str, str]) -> dict[str, str]:
             "TensorFlow's server would listen on every interface; --listen_on_all_interfaces "
             "accepts that on a trusted network.")
     preload = " ".join(filter(None, [str(found[0]), env.get("LD_PRELOAD", "")]))
-    return {"LD_PRELOAD": preload, BIND_ADDRESS_ENV: address}
+    return {"LD_PRELOAD": preload, BIND_ADDRESS_ENV: address,
+            ACCEPT_OWN_USER_ENV: "1" if own_user_only else "0"}
 
 
 def free_ports(address: str, count: int) -> list[int]:
@@ -117,14 +139,16 @@ def run(command: Sequence[str], num_proc: int, address: str = "127.0.0.1",
         timeout_s: float = 0.0, env: dict[str, str] | None = None,
         listen_on_all_interfaces: bool = False) -> int:
     """Runs command as num_proc tasks; returns 0, the first failing task's status, or 124.
-    The tasks' servers listen on address alone unless listen_on_all_interfaces."""
+    The tasks' servers listen on address alone, for their own user's local connections alone,
+    unless listen_on_all_interfaces."""
     if num_proc < 1:
         raise ValueError(f"crossover_tf.launch: -np must be >= 1, got {num_proc}")
     if not command:
         raise ValueError("crossover_tf.launch: no command given (put it after --)")
+    refuse_every_interface(address)
     base = dict(os.environ if env is None else env)
     if not listen_on_all_interfaces:
-        base.update(bind_guard_env(address, base))
+        base.update(bind_guard_env(address, base, own_user_only=True))
     procs, threads = [], []
     workers = [f"{address}:{port}" for port in free_ports(address, num_proc)]
     for rank, config in enumerate(tf_configs(workers)):
@@ -169,11 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-np", "--num_proc", type=int, required=True)
     parser.add_argument("--address", default="127.0.0.1",
                         help="the IPv4 address every task listens on, and only on (one "
-                             "machine; the default reaches no other host)")
+                             "machine; the default reaches no other host; not 0.0.0.0)")
     parser.add_argument("--listen_on_all_interfaces", action="store_true",
-                        help="let TensorFlow's servers listen on every interface, as they do "
-                             "by default: anyone who reaches a port can run graphs as this "
-                             "user, so only on a trusted network")
+                        help="let TensorFlow's servers listen on every interface and accept "
+                             "anyone, as they do by default: anyone who reaches a port can run "
+                             "graphs as this user, so only on a trusted network")
     parser.add_argument("--timeout_s", type=float, default=0.0,
                         help="kill all tasks past this many seconds (0: no limit)")
     parser.add_argument("command", nargs=argparse.REMAINDER)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs Debian's Slurm (slurm-wlm: slurmctld, slurmd, sbatch/srun) and munge with apt, for the
-# real one-node Slurm tests (tests/system/test_deploy_slurm.py; fixture tests/support/slurm_cluster.py).
+# real one-node Slurm tests (tests/system/test_deploy_slurm.py; fixture tests/support/slurm_cluster.py),
+# and nftables, whose `nft` loads the Slurm prolog's port fence (deploy/slurm/crossover_tf_ports.sh;
+# tests/system/test_deploy_slurm_ports.py).
 # scripts/test.sh calls it before pytest; CI runs it as root on a fresh machine.
 #
 # Idempotent and cached: does nothing when slurmctld, slurmd, sbatch and munged are already there.
@@ -12,12 +14,12 @@
 set -uo pipefail
 
 NAME=install_slurm
-PACKAGES=(slurm-wlm munge)
+PACKAGES=(slurm-wlm munge nftables)
 ENABLE_VAR=CROSSOVER_SLURM_INSTALL
-NOT_ON_PATH="slurmctld/slurmd/sbatch/munged are not on PATH"
+NOT_ON_PATH="slurmctld/slurmd/sbatch/munged/nft are not on PATH"
 installed() {
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
-    && command -v sbatch >/dev/null && command -v munged >/dev/null
+    && command -v sbatch >/dev/null && command -v munged >/dev/null && command -v nft >/dev/null
 }
 version() { echo "$(slurmctld -V 2>/dev/null), $(munged -V 2>/dev/null | head -n 1)"; }
 # shellcheck source=scripts/apt_packages.sh

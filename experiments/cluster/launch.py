@@ -3,9 +3,12 @@
 With the horovod backend, Horovod's own machinery does the distributed part: its host parsing
 and slot assignment, its rendezvous server (bound to the cluster's bridge address), and its
 run/slot environment variables. With the tensorflow backend, each rank gets the TF_CONFIG of a
-cluster of the hosts' addresses, as a TFJob or crossover_tf.launch would write it. Only process
-start-up is ours, because each rank must start inside its host's namespace, pinned to its CPUs,
-in its own session (so the whole process group can be killed).
+cluster of the hosts' addresses, as a TFJob or crossover_tf.launch would write it, and
+crossover_tf.launch's bind guard: its server listens on its host's address alone (TensorFlow's
+would listen on every interface and run graphs for anyone), and on localhost "hosts" accepts
+only its own user's connections. Only process start-up is ours, because each rank must start
+inside its host's namespace, pinned to its CPUs, in its own session (so the whole process
+group can be killed).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import zlib
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from crossover_tf._setup.devices import DEVICE_KEY_ENV
-from crossover_tf.launch import tf_configs
+from crossover_tf.launch import bind_guard_env, tf_configs
 from experiments.cluster import exit_hooks
 from experiments.cluster.netns import EmulatedCluster, Host
 
@@ -129,13 +132,22 @@ def tf_config_port(job_name: str) -> int:
     return 21000 + 64 * (zlib.crc32(job_name.encode()) % 400)
 
 
+def tensorflow_envs(hosts: Sequence[Host], job_name: str) -> list[tuple[Host, dict[str, str]]]:
+    """Each rank's TF_CONFIG and bind guard: its server on its host's address alone; where
+    every host is this machine's own network (the localhost fallback), for this user's
+    connections alone too (a peer in another namespace is not seen: not on emulated hosts)."""
+    port = tf_config_port(job_name)
+    configs = tf_configs([f"{h.address}:{port + k}" for k, h in enumerate(hosts)])
+    local = all(h.namespace is None for h in hosts)
+    return [(h, {"TF_CONFIG": config, **bind_guard_env(h.address, os.environ, local)})
+            for h, config in zip(hosts, configs)]
+
+
 def backend_envs(cluster: EmulatedCluster, backend: str, job_name: str
                  ) -> tuple[list[tuple[Host, dict[str, str]]], BoundRendezvousServer | None]:
     """Each rank's host and backend environment, in rank order, and Horovod's rendezvous."""
     if backend == "tensorflow":
-        port = tf_config_port(job_name)
-        configs = tf_configs([f"{h.address}:{port + k}" for k, h in enumerate(cluster.hosts)])
-        return [(h, {"TF_CONFIG": config}) for h, config in zip(cluster.hosts, configs)], None
+        return tensorflow_envs(cluster.hosts, job_name), None
     if backend != "horovod":
         raise ValueError(f"backend must be 'horovod' or 'tensorflow', got {backend!r}")
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts

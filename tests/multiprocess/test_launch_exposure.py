@@ -1,25 +1,33 @@
-"""The local launcher's tasks cannot be reached from another host (issue 48, item 1).
+"""The launchers' tasks cannot be reached from another host, nor by another local user
+(issue 48, item 1; issue 59, items 4, 5 and 10).
 
 TensorFlow's gRPC server binds every interface and runs graphs for whoever connects: from
 another network namespace, a plain TensorFlow session against a task's port read a 0600 file of
 the job's user. `python -m crossover_tf.launch` preloads its bind guard
-(ops/launch/bind_address.c) so the tasks listen on --address alone; these tests show the read
-still works with `--listen_on_all_interfaces` (TensorFlow's own behaviour) and is refused
-without it.
+(ops/launch/bind_address.c) so the tasks listen on --address alone and accept only their own
+user's local connections; these tests show the read still works with
+`--listen_on_all_interfaces` (TensorFlow's own behaviour) and is refused without it, from
+another host and from another uid on this one. The experiments' launcher preloads the same
+guard.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pathlib
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import pytest
 
 from conftest import run_bounded
 from experiments.cluster import shell
+from experiments.cluster.launch import launch_job, wait_jobs
+from experiments.cluster.netns import EmulatedCluster
+from lease_helpers import OUTSIDER_UID, as_user, needs_other_users
 
 NETNS_OK, NETNS_REASON = shell.netns_usable()
 LAUNCH = [sys.executable, "-m", "crossover_tf.launch"]
@@ -32,9 +40,10 @@ SERVE = """
 import json, os, pathlib, subprocess, sys, time
 import tensorflow as tf
 config = json.loads(os.environ["TF_CONFIG"])
-port = config["cluster"]["worker"][0].rpartition(":")[2]
+index = config["task"]["index"]
+port = config["cluster"]["worker"][index].rpartition(":")[2]
 server = tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name="worker",
-                              task_index=0, start=True)
+                              task_index=index, start=True)
 listening = subprocess.run(["ss", "-ltnH", "sport = :" + port], capture_output=True,
                            text=True).stdout.split()
 print("PORT", port, "LISTEN", *[w for w in listening if w.endswith(":" + port)], flush=True)
@@ -84,6 +93,53 @@ def test_the_address_must_be_an_ipv4_literal(child_env):
     assert result.returncode == 2 and "must be an IPv4 address" in result.stdout
 
 
+def test_the_address_of_every_interface_is_refused_naming_the_flag(child_env):
+    """--address 0.0.0.0 would silently be --listen_on_all_interfaces: the launch says so."""
+    result = run_bounded([*LAUNCH, "-np", "1", "--address", "0.0.0.0", "--", sys.executable,
+                          "-c", "print('RAN')"], child_env, 60)
+    assert result.returncode == 2 and "--listen_on_all_interfaces" in result.stdout, \
+        result.stdout
+    assert "RAN" not in result.stdout
+
+
+# A task's socket that listens without a bind (the kernel binds it to every interface).
+LISTEN_UNBOUND = """
+import socket
+s = socket.socket()
+s.listen()
+print("LISTENING", s.getsockname()[0], flush=True)
+"""
+
+
+def test_a_socket_listening_unbound_listens_on_the_launch_address(child_env):
+    result = run_bounded([*LAUNCH, "-np", "1", "--", sys.executable, "-c", LISTEN_UNBOUND],
+                         child_env, 60)
+    assert result.returncode == 0 and "LISTENING 127.0.0.1" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("emulated", [
+    False, pytest.param(True, marks=[pytest.mark.slow, pytest.mark.netns, pytest.mark.skipif(
+        not NETNS_OK, reason=f"needs root and ip netns: {NETNS_REASON}")])])
+def test_the_experiments_launchers_tasks_listen_on_their_hosts_address_alone(
+        child_env, tmp_path, monkeypatch, emulated):
+    """Issue 59 item 4: experiments/cluster/launch.py's tensorflow ranks listened on *:PORT."""
+    for name in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"):
+        monkeypatch.setenv(name, child_env[name])
+    stop = tmp_path / "stop"
+    stop.touch()  # serve, print, leave
+    with EmulatedCluster(num_hosts=2, force_localhost=not emulated) as cluster:
+        job = launch_job(cluster, [sys.executable, "-c", SERVE, str(tmp_path / "port"),
+                                   str(stop)], job_name="exposed", log_dir=tmp_path,
+                         timeout_s=120, backend="tensorflow")
+        result = wait_jobs([job])["exposed"]
+        addresses = [host.address for host in cluster.hosts]
+    assert result["ok"], result
+    for log, address in zip(result["logs"], addresses):
+        bound = _listen_line(pathlib.Path(log).read_text())
+        assert bound and all(b.startswith((f"{address}:", f"[::ffff:{address}]:"))
+                             for b in bound), (address, bound)
+
+
 @contextlib.contextmanager
 def _other_host():
     """A network namespace joined to this one by a veth pair: ROOT_SIDE here, OTHER_SIDE
@@ -113,9 +169,20 @@ def _read_from(ns: str, port: str, secret: pathlib.Path, env: dict[str, str]) ->
     return result.stdout
 
 
-def _serve_and_read(tmp_path: pathlib.Path, env: dict[str, str], ns: str,
+def _read_as(uid: int, port: str, secret: pathlib.Path, env: dict[str, str]) -> str:
+    """The read from this machine's loopback, as uid (root's own: 0)."""
+    reader = [sys.executable, "-c", READ, "127.0.0.1", port, str(secret)]
+    command = as_user(uid, (), *reader) if uid else reader
+    return run_bounded(command, {**env, "HOME": "/tmp"}, 120).stdout
+
+
+Reader = Callable[[str, pathlib.Path, dict[str, str]], str]  # (port, secret, env) -> output
+
+
+def _serve_and_read(tmp_path: pathlib.Path, env: dict[str, str], read: Reader,
                     *launch_flags: str) -> tuple[str, str]:
-    """Starts one launched task serving, reads the secret from ns; (reader's, task's) output."""
+    """Starts one launched task serving, reads the secret with read(port, secret, env);
+    (reader's, task's) output."""
     port_file, stop = tmp_path / "port", tmp_path / "stop"
     port_file.unlink(missing_ok=True)
     stop.unlink(missing_ok=True)
@@ -131,11 +198,11 @@ def _serve_and_read(tmp_path: pathlib.Path, env: dict[str, str], ns: str,
                 break
             time.sleep(0.1)
         assert port_file.exists(), "the task never served"
-        read = _read_from(ns, port_file.read_text(), secret, env)
+        reader_output = read(port_file.read_text(), secret, env)
     finally:
         stop.touch()
         output, _ = task.communicate(timeout=60)
-    return read, output
+    return reader_output, output
 
 
 @pytest.mark.multiprocess
@@ -146,12 +213,27 @@ def test_another_host_reads_a_file_through_an_open_task_but_not_a_launched_one(
         child_env, tmp_path):
     with _other_host() as ns:
         # TensorFlow's own behaviour: the read from the other host works (the hole).
-        opened, _ = _serve_and_read(tmp_path, child_env, ns, "--address", "127.0.0.1",
+        from_there = functools.partial(_read_from, ns)
+        opened, _ = _serve_and_read(tmp_path, child_env, from_there, "--address", "127.0.0.1",
                                     "--listen_on_all_interfaces")
         assert "READ the job user's secret" in opened, opened[-3000:]
         # The launcher's default: the port is not reachable from there at all.
-        guarded, task = _serve_and_read(tmp_path, child_env, ns)
+        guarded, task = _serve_and_read(tmp_path, child_env, from_there)
         assert "UNREACHABLE ConnectionRefusedError" in guarded, guarded[-3000:]
         assert "READ" not in guarded
         assert all(b.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:"))
                    for b in _listen_line(task)), task[-2000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@needs_other_users
+def test_another_local_user_cannot_open_a_session_on_a_launched_task(child_env, tmp_path):
+    """Issue 59 item 5: 127.0.0.1 is every local user's. The job's own user (root here) still
+    runs graphs on its task; another uid's TensorFlow session gets nothing."""
+    own, _ = _serve_and_read(tmp_path, child_env, functools.partial(_read_as, 0))
+    assert "READ the job user's secret" in own, own[-3000:]
+    other, _ = _serve_and_read(tmp_path, child_env, functools.partial(_read_as, OUTSIDER_UID))
+    assert "READ" not in other, other[-3000:]
+    # The task closes the connection unread: the session's calls run out of time.
+    assert "DeadlineExceededError" in other or "UnavailableError" in other, other[-3000:]
