@@ -183,7 +183,9 @@ def left_out_ratios(per_trial: Sequence[Trial], flagged: Sequence[TrialCheck]
     is wrong", and a check cannot tell which: so both go, the bound's (every number resting on
     the trial's solo runs: registry.ON_SEQUENTIAL, as analysis/bounds.py refuses a slowed
     sequential run) and the crossed scenario's (every ratio it is part of). The trial's other
-    ratios (e.g. naive against another crossed scenario) stay."""
+    ratios (e.g. naive against another crossed scenario) stay. Where every trial that measured
+    a ratio failed, none is left out of it: the bias is the comparison's, and above_ideal
+    flags it over all trials."""
     left_out: dict[str, list[int]] = {}
     for check in flagged:
         doubted = set(registry.ON_SEQUENTIAL) | {
@@ -194,7 +196,8 @@ def left_out_ratios(per_trial: Sequence[Trial], flagged: Sequence[TrialCheck]
             trials = left_out.setdefault(key, [])
             if check.trial not in trials:
                 trials.append(check.trial)
-    return left_out
+    return {key: trials for key, trials in left_out.items()
+            if len(trials) < sum(key in t.ratios for t in per_trial)}
 
 
 def _above_ideal(crossed: str, value: float, beyond: str, whose: str) -> str:

@@ -526,6 +526,9 @@ def test_compare_end_to_end_on_the_tiniest_model(tiniest_comparison):
     for job in ("A", "B"):
         solo = JobStats.from_dict(saved["scenarios"][f"solo_{job}"]["jobs"][job])
         assert solo.compute_s > 0 and solo.apply_s > 0 and solo.comm_s > 0
+        # Each step's end on both clocks (clock_steps.py): as many, the monotonic increasing.
+        assert len(solo.step_end_mono_ns) == len(solo.step_end_ns) == solo.steps
+        assert (np.diff(solo.step_end_mono_ns) > 0).all()
         crossed = saved["scenarios"]["crossover"]["jobs"][job]
         assert crossed["images_per_s"] > 0
     assert "crossover / sequential" in (tmp_path / "compare.md").read_text()

@@ -143,3 +143,15 @@ def test_the_ideal_leaves_out_a_stepped_step_of_a_solo_run():
     stats = {registry.SEQUENTIAL: {"A": solo, "B": dataclasses.replace(solo, job="B")}}
     trial = summary.summarise(stats, 1, {})
     assert trial.ideal.device_s == pytest.approx(0.44)
+
+
+def test_the_two_clocks_are_read_at_one_instant_even_when_a_read_is_preempted(monkeypatch):
+    """A thread preempted between its two clock reads made a step look clock-stepped and
+    refused a real comparison's scenario (job B's step 264): the wall clock is read between
+    two monotonic reads, and a try whose reads lie far apart is tried again."""
+    from crossover_tf.profiling import step_timer
+    reads = iter([0, 50_000_000, 60_000_000, 60_010_000])  # first try preempted 50 ms
+    walls = iter([1_000, 2_000])
+    monkeypatch.setattr(step_timer.time, "monotonic_ns", lambda: next(reads))
+    monkeypatch.setattr(step_timer.time, "time_ns", lambda: next(walls))
+    assert step_timer.clock_pair() == (2_000, 60_005_000)
