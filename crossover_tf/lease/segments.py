@@ -19,11 +19,12 @@ import dataclasses
 import fcntl
 import os
 import pathlib
-import pwd
 import re
 import stat as statmod
 import time
 from typing import Iterable
+
+from crossover_tf.lease.trusted_path import MAX_LINKS, owner_text, resolve_components
 
 DEFAULT_LEASE_DIR = pathlib.Path("/dev/shm")
 LEASE_DIR_ENV = "CROSSOVER_LEASE_DIR"
@@ -92,55 +93,33 @@ def check_local(path: pathlib.Path, f_type: int) -> None:
             "disk)")
 
 
-MAX_LINKS = 40  # as the kernel's ELOOP bound
-
-
-def _owner_text(uid: int) -> str:
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _resolve_trusted_links(directory: pathlib.Path, shown: str, observer: bool) -> pathlib.Path:
+def _resolve_trusted_links(directory: pathlib.Path, shown: str, observer: bool
+                           ) -> pathlib.Path | None:
     """directory with its links resolved one component at a time, following a link only if
     root or this user owns it (an observer: also the owner of the directory holding it), the C++
     core's rule (ops/core/lease_dir.h). A link anyone else owns could be re-pointed between two
     jobs' resolutions, putting them on two directories: two holders at once. So it is refused,
-    never followed, whatever it points at now."""
+    never followed, whatever it points at now. None where a component is missing."""
     me = os.geteuid()
-    todo = list(reversed(directory.absolute().parts[1:]))
-    current, links = pathlib.Path("/"), 0
-    while todo:
-        name = todo.pop()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            current = current.parent
-            continue
-        candidate = current / name
-        st = os.lstat(candidate)
+
+    def visit(parent: pathlib.Path, candidate: pathlib.Path, st: os.stat_result,
+              links: int) -> None:
         if not statmod.S_ISLNK(st.st_mode):
-            current = candidate
-            continue
-        trusted = {0, me} | ({os.lstat(current).st_uid} if observer else set())
+            return
+        trusted = {0, me} | ({os.lstat(parent).st_uid} if observer else set())
         if st.st_uid not in trusted:
             raise LeaseDirError(
                 f"crossover lease directory {shown}: {candidate} is a symbolic link owned by "
-                f"{_owner_text(st.st_uid)}, who is neither root nor this job's user "
-                f"({_owner_text(me)}): its owner could point it at another directory between "
+                f"{owner_text(st.st_uid)}, who is neither root nor this job's user "
+                f"({owner_text(me)}): its owner could point it at another directory between "
                 "two jobs' opens, and the group's jobs would hold two leases (two holders at "
                 "once). Name the directory itself, not the link (docs/deploying.md, \"Who may "
                 "write the lease directory\")")
-        links += 1
         if links > MAX_LINKS:
             raise LeaseDirError(f"crossover lease directory {shown}: more than {MAX_LINKS} "
                                 "symbolic links on its path (a loop?)")
-        target = pathlib.PurePosixPath(os.readlink(candidate))
-        if target.is_absolute():
-            current = pathlib.Path("/")
-        todo.extend(reversed([part for part in target.parts if part != "/"]))
-    return current
+
+    return resolve_components(directory, visit)
 
 
 def resolve_lease_dir(explicit: str | os.PathLike | None = None, *,

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import os
 import pathlib
+import pwd
 import stat as statmod
 import sys
+from typing import Callable
 
-from crossover_tf.lease.segments import MAX_LINKS, _owner_text
+MAX_LINKS = 40  # as the kernel's ELOOP bound
 
 FIX = ("use a cache folder of your own: set CROSSOVER_CACHE to one made with `install -d -m "
        "0700 DIR`, every folder above it root's or yours and not writable by others unless "
@@ -33,6 +35,14 @@ class UntrustedPathError(PermissionError):
         self.problem = problem
 
 
+def owner_text(uid: int) -> str:
+    """A uid as a message names it: its number and, where known, its name."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def refusal(what: str, path: os.PathLike | str, problem: str) -> str:
     """The refusal's text: the path, what is wrong with it, why it matters and the fix."""
     return (f"{what} {path} fails the trust rule: {problem}. Another user who can change it "
@@ -40,14 +50,14 @@ def refusal(what: str, path: os.PathLike | str, problem: str) -> str:
 
 
 def _describe(path: os.PathLike | str, st: os.stat_result) -> str:
-    return (f"{path} (owner {_owner_text(st.st_uid)}, mode "
+    return (f"{path} (owner {owner_text(st.st_uid)}, mode "
             f"{statmod.S_IMODE(st.st_mode):04o})")
 
 
 def _owner_problem(path: os.PathLike | str, st: os.stat_result, me: int) -> str:
     if st.st_uid in (0, me):
         return ""
-    return f"{_describe(path, st)} is owned by neither root nor this user ({_owner_text(me)})"
+    return f"{_describe(path, st)} is owned by neither root nor this user ({owner_text(me)})"
 
 
 def dir_problem(path: os.PathLike | str, st: os.stat_result, me: int | None = None) -> str:
@@ -88,15 +98,19 @@ def _lstat(path: pathlib.Path, create: bool) -> os.stat_result | None:
     return os.lstat(path)
 
 
-def trusted_dir(path: os.PathLike | str, create: bool = False) -> pathlib.Path | None:
-    """path resolved, each folder on it checked before its entries are trusted (dir_problem)
-    and each link followed only if root or this user owns it; None where a component is
-    missing (create: missing folders are made). Raises UntrustedPathError, or
-    NotADirectoryError where a component is something else."""
-    me = os.geteuid()
+# Sees each component's lstat before it is used: (the folder holding it, the component, its
+# lstat, the links followed so far counting this one if it is a link); raises to refuse it.
+Visit = Callable[[pathlib.Path, pathlib.Path, os.stat_result, int], None]
+
+
+def resolve_components(path: os.PathLike | str, visit: Visit,
+                       create: bool = False) -> pathlib.Path | None:
+    """path resolved one component at a time, links followed by hand so that `visit` judges
+    every component, and every link before it is followed, as the C++ core walks the lease
+    directory (ops/core/lease_dir.h): a link anyone else owns could be re-pointed between two
+    resolutions. None where a component is missing (create: missing folders are made)."""
     todo = list(reversed(pathlib.Path(path).absolute().parts[1:]))
     current, links = pathlib.Path("/"), 0
-    _raise_if(dir_problem(current, os.lstat(current), me))
     while todo:
         name = todo.pop()
         if name in ("", "."):
@@ -108,29 +122,47 @@ def trusted_dir(path: os.PathLike | str, create: bool = False) -> pathlib.Path |
         st = _lstat(candidate, create)
         if st is None:
             return None
-        if statmod.S_ISLNK(st.st_mode):
-            links += 1
-            target = _followable_target(candidate, st, me, links)
-            if target.is_absolute():
-                current = pathlib.Path("/")
-            todo.extend(reversed([part for part in target.parts if part != "/"]))
+        is_link = statmod.S_ISLNK(st.st_mode)
+        links += is_link
+        visit(current, candidate, st, links)
+        if not is_link:
+            current = candidate
             continue
-        if not statmod.S_ISDIR(st.st_mode):
-            raise NotADirectoryError(f"{candidate} is not a folder")
-        _raise_if(dir_problem(candidate, st, me))
-        current = candidate
+        target = pathlib.PurePosixPath(os.readlink(candidate))
+        if target.is_absolute():
+            current = pathlib.Path("/")
+        todo.extend(reversed([part for part in target.parts if part != "/"]))
     return current
 
 
-def _followable_target(link: pathlib.Path, st: os.stat_result, me: int,
-                       links: int) -> pathlib.PurePosixPath:
-    """The link's target, if the link may be followed (the C++ LinkProblem)."""
-    _raise_if("" if st.st_uid in (0, me) else
-              f"{link} is a symbolic link owned by {_owner_text(st.st_uid)}, who is neither "
-              f"root nor this user ({_owner_text(me)}): its owner could point it elsewhere")
-    _raise_if("" if links <= MAX_LINKS else
-              f"more than {MAX_LINKS} symbolic links on the path (a loop?) at {link}")
-    return pathlib.PurePosixPath(os.readlink(link))
+def trusted_dir(path: os.PathLike | str, create: bool = False) -> pathlib.Path | None:
+    """path resolved, each folder on it checked before its entries are trusted (dir_problem)
+    and each link followed only if root or this user owns it; None where a component is
+    missing (create: missing folders are made). Raises UntrustedPathError, or
+    NotADirectoryError where a component is something else."""
+    me = os.geteuid()
+    _raise_if(dir_problem("/", os.lstat("/"), me))
+
+    def visit(parent: pathlib.Path, candidate: pathlib.Path, st: os.stat_result,
+              links: int) -> None:
+        if statmod.S_ISLNK(st.st_mode):
+            _raise_if(_link_problem(candidate, st, me, links))
+        elif not statmod.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(f"{candidate} is not a folder")
+        else:
+            _raise_if(dir_problem(candidate, st, me))
+
+    return resolve_components(path, visit, create)
+
+
+def _link_problem(link: pathlib.Path, st: os.stat_result, me: int, links: int) -> str:
+    """Why a link may not be followed ("" if it may): the C++ LinkProblem."""
+    if st.st_uid not in (0, me):
+        return (f"{link} is a symbolic link owned by {owner_text(st.st_uid)}, who is neither "
+                f"root nor this user ({owner_text(me)}): its owner could point it elsewhere")
+    if links > MAX_LINKS:
+        return f"more than {MAX_LINKS} symbolic links on the path (a loop?) at {link}"
+    return ""
 
 
 def _raise_if(problem: str) -> None:
