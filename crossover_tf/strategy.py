@@ -20,7 +20,6 @@ import tensorflow as tf
 from absl import logging
 
 from crossover_tf import callbacks, options
-from crossover_tf._hold import custom_loop
 from crossover_tf._keras import install as keras_install
 from crossover_tf._protocol import ownership
 from crossover_tf._keras.fit_guard import guard_fit
@@ -112,12 +111,12 @@ class CrossoverStrategy:
     @property
     def should_save_summary(self) -> bool:
         """Only rank 0 writes summaries (TensorBoard) so runs are not duplicated per rank."""
-        return self.rank == 0
+        return self._protocol.should_save_summary
 
     @property
     def should_checkpoint(self) -> bool:
         """Only rank 0 saves models/checkpoints; all ranks hold identical weights."""
-        return self.rank == 0
+        return self._protocol.should_checkpoint
 
     @property
     def group(self) -> str:
@@ -172,7 +171,7 @@ class CrossoverStrategy:
             if fresh and self.size > 1:
                 with tf.init_scope():  # traced in a tf.function: broadcast now, eagerly
                     self._protocol.broadcast_variables(fresh, 0)
-            with replica_context.entered(self._protocol), self.hold_device():
+            with replica_context.entered(self._protocol), self._protocol.device_hold():
                 return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
@@ -253,10 +252,11 @@ class CrossoverStrategy:
     def prepare(self, model: keras.Model, *, micro_batches: int = 1) -> None:
         """Makes a compiled model's fit, evaluate and predict run crossover steps.
 
-        fit with callbacks() does this; call it yourself before evaluate or predict on a model
-        that has not been fit in this process (one just loaded, say), so those steps take the
-        device lease too, and evaluate returns the job's metrics (averaged over the ranks, as
-        fit's epoch logs are) on every rank.
+        fit with callbacks() does this; call it yourself before an evaluate that every rank
+        runs on a model that has not been fit in this process (one just loaded, say), so that
+        it returns the job's metrics (averaged over the ranks, as fit's epoch logs are) on
+        every rank. Without it, such a model's evaluate and predict run on the calling rank
+        alone (under the lease in a crossover group), as under MultiWorkerMirroredStrategy.
         """
         options.validate_micro_batches(micro_batches)
         keras_install.install(model, self._protocol, micro_batches)
@@ -272,10 +272,14 @@ class CrossoverStrategy:
         self._protocol.broadcast_variables(variables, root_rank)
 
     # ----- custom training loops -------------------------------------------------------------
-    def hold_device(self) -> custom_loop.DeviceHold:
+    def hold_device(self) -> contextlib.AbstractContextManager[Any]:
         """`with strategy.hold_device():` around a custom loop's step (forward, gradient(),
         apply) holds the device for its compute; strategy.gradient_tape's gradient() yields it
-        for the allreduce. Without a group it does nothing (custom_loop explains the order)."""
+        for the allreduce. Without a group it does nothing (custom_loop explains the order).
+        Inside strategy.run, which holds the device already, it is a deprecated no-op whose
+        block runs as outside run (replica_context.nested_hold)."""
+        if replica_context.current() is not None:
+            return replica_context.nested_hold()
         return self._protocol.device_hold()
 
     def gradient_tape(self, tape: tf.GradientTape) -> CrossoverGradientTape:

@@ -1,8 +1,9 @@
 """fit, evaluate and predict (and their one-batch forms, train_on_batch, test_on_batch and
 predict_on_batch) as a tf.distribute user expects them: a model made under
 strategy.scope() crosses and synchronises with no callback, a model made outside is refused
-where it would train apart, file-writing callbacks given to every rank write the chief's files
-only (rank_files), and a fit that ends any way at all ends out of the link turn and without
+where it would train apart (fit, train_on_batch) but evaluates and predicts on the calling
+rank alone, under the lease; file-writing callbacks given to every rank write the chief's files
+only (rank_files); and a fit that ends any way at all ends out of the link turn and without
 the device.
 
 Why the class: Keras 3's fit has no `finally`, so an error raised by a callback, or a Ctrl-C
@@ -27,7 +28,7 @@ from crossover_tf import callbacks as crossover_callbacks
 from crossover_tf._protocol import datasets
 from crossover_tf._protocol import ownership
 from crossover_tf._keras import first_step, rank_files
-from crossover_tf._keras.install import install, installed_protocol
+from crossover_tf._keras.install import install, install_on_this_rank, installed_protocol
 
 _GUARDED = "_crossover_guarded"
 
@@ -122,15 +123,21 @@ def _split_like_mirrored(arguments: dict[str, Any], owner: Any) -> None:
 def _inference(kind: str) -> Callable[..., Any]:
     def run(method: Callable[..., Any], model: keras.Model, *args: Any, **kwargs: Any) -> Any:
         """evaluate/predict with the owner's steps (the lease, averaged metrics) installed as
-        strategy.prepare would."""
+        strategy.prepare would, else on this rank alone (_on_this_rank)."""
         if installed_protocol(model) is None:
             owner = _install_owned(model)
-            crossing = owner if owner is not None else ownership.needing_ownership()
-            if installed_protocol(model) is None and crossing is not None \
-                    and crossing.is_crossover:
-                raise ValueError(ownership.outside_scope_message(kind) if owner is None else
-                                 f"crossover_tf: compile the model before its {kind} in a "
-                                 "crossover job: its steps take the device lease, which "
-                                 "crossover_tf installs on a compiled model")
+            if installed_protocol(model) is None:
+                _on_this_rank(model, owner)
         return method(model, *args, **kwargs)
     return run
+
+
+def _on_this_rank(model: keras.Model, owner: Any) -> None:
+    """A model without the owner's steps (made outside every scope, a loaded checkpoint, or
+    not compiled) evaluates and predicts on the calling rank alone, as under
+    MultiWorkerMirroredStrategy: nothing there trains apart from the other ranks, so it is not
+    refused as fit is; in a crossover group each step takes the lease (install_on_this_rank),
+    never computing beside the peer without it."""
+    crossing = owner if owner is not None else ownership.needing_ownership()
+    if crossing is not None and crossing.is_crossover:
+        install_on_this_rank(model, crossing)

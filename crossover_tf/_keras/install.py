@@ -26,6 +26,7 @@ from crossover_tf._protocol.step_protocol import StepProtocol
 StepFunction = Callable[[Any], Any]
 Step = Callable[[Any], Any]
 _INSTALLED = "_crossover_hooks"  # the model's (protocol, micro_batches)
+_ON_THIS_RANK = "_crossover_inference_on_this_rank"  # the protocol install_on_this_rank used
 
 
 def installed_protocol(model: keras.Model) -> StepProtocol | None:
@@ -54,6 +55,30 @@ def install(model: keras.Model, protocol: StepProtocol, micro_batches: int = 1) 
         prepared = first_step.PreparedFunction(function, first_step.before_training(step))
         return leave_on_error(prepared, protocol, step.jit_compile, "training")
 
+    _hook(model, "train", lambda m: CrossoverTrainStep(m, protocol, micro_batches),
+          train_function)
+    if protocol.comm.size > 1:
+        average_evaluate(model, protocol)
+    if protocol.is_crossover:
+        _hook_inference(model, protocol)
+
+
+def install_on_this_rank(model: keras.Model, protocol: StepProtocol) -> None:
+    """Makes evaluate and predict (and their one-batch forms) of a model with no crossover
+    steps (one loaded from a file outside every scope, or not compiled) take protocol's lease
+    step by step, on this rank alone: as MultiWorkerMirroredStrategy runs a model made outside
+    its scope on the worker that calls it, so rank 0 may predict alone, while in a crossover
+    group no step computes beside the peer without the lease. No collective (metrics stay this
+    rank's) and no train step: fit on such a model is still refused (fit_guard)."""
+    if model.__dict__.get(_ON_THIS_RANK) is protocol:
+        return
+    object.__setattr__(model, _ON_THIS_RANK, protocol)
+    _hook_inference(model, protocol)
+
+
+def _hook_inference(model: keras.Model, protocol: StepProtocol) -> None:
+    """Each test and predict step holds the lease (LeasedInferenceStep), prepared as its
+    first batch needs (first_step.before_inference) and left for good on an error."""
     def inference_function(kind: str) -> Callable[[StepFunction, Any], StepFunction]:
         def wrap(function: StepFunction, step: LeasedInferenceStep) -> StepFunction:
             prepared = first_step.PreparedFunction(
@@ -61,12 +86,6 @@ def install(model: keras.Model, protocol: StepProtocol, micro_batches: int = 1) 
             return leave_on_error(prepared, protocol, step.jit_compile, kind)
         return wrap
 
-    _hook(model, "train", lambda m: CrossoverTrainStep(m, protocol, micro_batches),
-          train_function)
-    if protocol.comm.size > 1:
-        average_evaluate(model, protocol)
-    if not protocol.is_crossover:
-        return
     for kind in ("test", "predict"):
         _hook(model, kind, lambda m, kind=kind: LeasedInferenceStep(m, protocol, kind),
               inference_function(kind))

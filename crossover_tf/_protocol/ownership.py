@@ -6,7 +6,8 @@ calls `fit` without strategy.callbacks(), and each rank trained alone, silently.
 records the variables created in it; fit, evaluate and predict (fit_guard) find the owner from
 a model's weights and run its crossover steps as callbacks() would. A model made outside every
 scope, fit in a process whose job has several ranks or a crossover group, is refused at fit:
-it would train this rank alone, or compute beside the peer job without the lease.
+it would train this rank alone, or compute beside the peer job without the lease (its evaluate
+and predict run on the calling rank, under the lease, as MultiWorkerMirroredStrategy runs them).
 """
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def owned_by(protocol: StepProtocol) -> Iterator[None]:
 
 
 def _backing(variable: Any) -> Any:
-    """The tf.Variable behind a Keras variable (Keras 3 keeps it as `.value`)."""
-    return getattr(variable, "value", variable)
+    """The tf.Variable behind a Keras variable (Keras 3 keeps it as `.value`); a tf.Variable
+    is its own (its `value` is a method, whose bound object is never the one recorded)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def not_yet_broadcast(protocol: "StepProtocol") -> list[Any]:
@@ -100,11 +102,12 @@ def needing_ownership() -> StepProtocol | None:
 
 
 def outside_scope_message(kind: str) -> str:
-    """What a refused fit says, and the two fixes."""
+    """What a refused fit or train_on_batch says, and the two fixes (evaluate and predict of
+    such a model run on the calling rank: fit_guard)."""
     return (f"crossover_tf: this model was not made under strategy.scope(), so its {kind} "
             "would run on this rank alone: with several ranks it trains apart from the job's "
             "other ranks, and in a crossover group it computes beside the peer job without the "
             "device lease. Create (and compile) the model inside `with strategy.scope():`, as "
             "with MultiWorkerMirroredStrategy (fit then crosses and synchronises by itself), "
             "or pass callbacks=strategy.callbacks() to fit (strategy.prepare(model) before "
-            "evaluate, predict or the one-batch steps such as train_on_batch)")
+            "train_on_batch)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 import tensorflow as tf
@@ -60,6 +61,27 @@ def suspended() -> Iterator[None]:
         yield
     finally:
         _stack().pop()
+
+
+NESTED_HOLD = (
+    "crossover_tf: strategy.hold_device() inside strategy.run is deprecated, and will be "
+    "refused after this release: run already holds the device, so this hold holds nothing "
+    "more, and its block runs as it would outside run (tf.distribute's replica context set "
+    "aside: strategy.gradient_tape averages the gradients once and the optimizer applies "
+    "them as given), training exactly as the same step without strategy.run. Replace it: "
+    "drop strategy.run and call the step itself (hold_device and gradient_tape kept), or "
+    "keep strategy.run and drop hold_device() and strategy.gradient_tape (a plain "
+    "tf.GradientTape: the optimizer sums the gradients over the ranks; scale the loss with "
+    "tf.nn.compute_average_loss or a Keras loss)")
+
+
+def nested_hold() -> contextlib.AbstractContextManager[None]:
+    """strategy.hold_device() inside strategy.run, as the custom loop of the 2026-12-04 docs
+    ported into run writes it: a no-op hold (run's holds the device) whose block sees no
+    replica context, so its gradient_tape reduces once and no Keras loss or optimizer counts
+    the ranks again: the un-nested step's result, bit for bit. Deprecated for one release."""
+    warnings.warn(NESTED_HOLD, DeprecationWarning, stacklevel=3)
+    return suspended()
 
 
 def _refused(what: str) -> AttributeError:

@@ -130,6 +130,19 @@ class StepProtocol:
         """Leaves the link turn and gives up the device, for good (lease.leaving)."""
         lease_lib.leave(self.lease, self.link_turn)
 
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether this rank saves checkpoints: rank 0 alone, as tf.distribute's
+        `extended.should_checkpoint` answers on a multi-worker job's chief (the ranks hold the
+        same weights)."""
+        return self.comm.rank == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        """Whether this rank writes summaries (TensorBoard): rank 0 alone, as tf.distribute's
+        `extended.should_save_summary`, so a run is not written once per rank."""
+        return self.comm.rank == 0
+
     def variable_created_in_scope(self, v: Any) -> bool:
         """Whether v was made inside this rank's strategy.scope(), as tf.distribute's
         `extended.variable_created_in_scope` answers (ownership records them)."""

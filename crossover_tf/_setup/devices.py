@@ -24,6 +24,8 @@ from absl import logging
 from crossover_tf.lease import segments
 
 DEVICE_KEY_ENV = "CROSSOVER_DEVICE_KEY"
+# The setting that leaves GPU pinning and memory to the user (options.DeviceOptions.configure).
+_NO_PINNING = "device=crossover_tf.DeviceOptions(configure=False)"
 T = TypeVar("T")
 N = TypeVar("N")
 
@@ -96,7 +98,7 @@ def configure_local_gpu(tf_config: TfConfig, memory: GpuMemoryPolicy, local_rank
             "crossover_tf: TensorFlow has already initialised its devices, so the GPU can no "
             "longer be pinned or its memory limited (the second job on the GPU would then run "
             "out of memory). Construct CrossoverStrategy before creating any tensor, op or "
-            "model, or pass configure_devices=False and call "
+            f"model, or pass {_NO_PINNING} and call "
             "tf.config.set_visible_devices / experimental.set_memory_growth yourself. "
             f"TensorFlow said: {err}") from err
     return gpu
@@ -110,7 +112,7 @@ def local_device_name(logical_gpus: Sequence[Any], logical_cpus: Sequence[Any],
     if logical_gpus:
         if len(logical_gpus) > 1:
             logging.warning("crossover_tf: %d GPUs visible to one rank; using the first "
-                            "(configure_devices=False leaves pinning to you)", len(logical_gpus))
+                            "(%s leaves pinning to you)", len(logical_gpus), _NO_PINNING)
         return logical_gpus[0].name
     if logical_cpus:
         return logical_cpus[local_rank % len(logical_cpus)].name

@@ -8,9 +8,12 @@ job that knows how many jobs its group has can tell, and must say what to change
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import time
 from typing import Callable, Sequence
+
+from absl import logging
 
 from crossover_tf.lease.membership import Member
 
@@ -85,21 +88,44 @@ def group_overfull_message(path: pathlib.Path, seen: Sequence[Member], expected:
         "its own group name, stop the extra job, or declare the group's real job count.")
 
 
+def overfull_wait_message(path: pathlib.Path, seen: Sequence[Member], expected: int,
+                          timeout_s: float) -> str:
+    """What a job logs the moment it finds more jobs on its lease than the group declares:
+    which job waits (this process's), who is there, and what happens next."""
+    labels, who = _jobs_on(seen)
+    me = next((m for m in seen if m.pid == os.getpid()), None)
+    waiting = f"job {me.job!r} (pid {me.pid})" if me else f"this job (pid {os.getpid()})"
+    return (
+        f"crossover lease: {waiting} waits: {len(labels)} jobs are on lease file {path} "
+        f"({who}), but the group declares {expected} (LeaseOptions.jobs). It waits until one "
+        f"leaves (a job of an earlier run still exiting), up to {timeout_s:g} s "
+        "(join_timeout_s), then fails with GroupOverfull; the jobs that started first may run "
+        "meanwhile. Another pair uses this group name, or a job was started twice: give each "
+        "pair its own group name, stop the extra job, or declare the group's real job count.")
+
+
 def wait_for_jobs(read_members: Callable[[], Sequence[Member]], path: pathlib.Path, jobs: int,
                   timeout_s: float, poll_s: float = POLL_S) -> list[Member]:
     """Polls read_members (every poll_s, until timeout_s) until exactly `jobs` distinct job
     labels are live; returns the members. Raises GroupIncomplete if fewer came, GroupOverfull if
-    more stayed the whole time (a job of a previous run still exiting leaves within it)."""
+    more stayed the whole time (a job of a previous run still exiting leaves within it). More
+    than `jobs` is logged at once, and again whenever the jobs on the lease change: a third job
+    under a pair's name otherwise waited silently, while the first ran alone."""
     validate_jobs(jobs)
     validate_join_timeout(timeout_s)
     if not poll_s > 0:
         raise ValueError(f"crossover lease: poll interval must be > 0, got {poll_s!r}")
     deadline = time.monotonic() + timeout_s
     members: list[Member] = []
+    logged: set[str] = set()  # the jobs last reported as too many
     for _ in range(int(timeout_s / poll_s) + 2):  # the deadline ends it first
         members = list(read_members())
-        if len({m.job for m in members}) == jobs:
+        labels = {m.job for m in members}
+        if len(labels) == jobs:
             return members
+        if len(labels) > jobs and labels != logged:
+            logging.warning(overfull_wait_message(path, members, jobs, timeout_s))
+            logged = labels
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break

@@ -106,3 +106,89 @@ def test_custom_loop_mistakes_are_refused_clearly(tmp_path, lease_group, child_e
     assert "HorovodAllreduce" in misuse["reduce_in_hold"]
     assert misuse["xla_compute_in_hold"] == "no error"
     assert result["lease_stats"]["acquires"] == 2 and not result["lease_stats"]["held"]
+
+
+NESTED_PROBE = """
+import sys, warnings
+import keras, numpy as np, tensorflow as tf
+import crossover_tf
+strategy = crossover_tf.CrossoverStrategy(
+    sys.argv[1], lease=crossover_tf.LeaseOptions(jobs=1),
+    communication=crossover_tf.CommunicationOptions(backend="tensorflow"))
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+y = (x[:, 0] > 0).astype("int32")
+
+
+def trained(in_run):
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        optimizer = keras.optimizers.SGD(0.1)
+
+    def step(x, y):  # the step of the 2026-12-04 docs
+        with strategy.hold_device():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = strategy.gradient_tape(tape).gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    traced = tf.function(lambda x, y: strategy.run(step, args=(x, y)) if in_run else step(x, y))
+    before = strategy.lease_stats()["acquires"]
+    losses = [float(traced(x, y)) for _ in range(3)]
+    return losses, model.get_weights(), int(strategy.lease_stats()["acquires"] - before)
+
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", DeprecationWarning)
+    plain, nested = trained(False), trained(True)
+print("equal", plain[0] == nested[0] and all((a == b).all() for a, b in zip(plain[1], nested[1])))
+print("holds", plain[2], nested[2])
+for warning in caught:
+    if issubclass(warning.category, DeprecationWarning) and "crossover_tf" in str(warning.message):
+        print("deprecated:", warning.message)
+strategy.leave_device()
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_hold_and_tape_inside_run_are_deprecated_no_ops_in_a_lone_job(lease_group,
+                                                                        child_env):
+    """Issue 60: a loop ported to the 2026-12-04 docs (strategy.hold_device() and
+    strategy.gradient_tape(tape) inside strategy.run) failed at trace ("already open in this
+    step", "reduced twice"). Now the nested hold holds nothing more than run's and its body runs
+    as outside run: the same losses and weights, bit for bit, and as many holds, with one
+    DeprecationWarning a trace naming the replacement."""
+    result = run_bounded([sys.executable, "-c", NESTED_PROBE, lease_group], child_env, 180)
+    _ok(result)
+    assert "equal True" in result.stdout, result.stdout[-3000:]
+    assert "holds 6 6" in result.stdout, result.stdout[-3000:]
+    warned = [line for line in result.stdout.splitlines() if line.startswith("deprecated:")]
+    assert len(warned) == 1, result.stdout[-3000:]
+    for part in ("strategy.hold_device() inside strategy.run", "deprecated",
+                 "drop strategy.run"):
+        assert part in warned[0], (part, warned[0])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_hold_and_tape_inside_run_train_two_ranks_as_the_unnested_loop(tmp_path, lease_group,
+                                                                         child_env):
+    """With 2 ranks, where run's replica context would make a Keras loss divide by the global
+    batch and the optimizer sum the gradients: the loop of the 2026-12-04 docs inside
+    strategy.run ends with the un-nested loop's losses and weights, bit for bit, on each rank,
+    two holds a step, warned once."""
+    common = ["--group", lease_group, "--steps", "6", "--backend", "tensorflow"]
+    for prefix, flags in (("outside", []), ("nested", ["--in_run"])):
+        _ok(run_bounded(launch_command("tensorflow", 2, sys.executable, WORKER,
+                                       str(tmp_path / f"{prefix}_RANK.json"), *common, *flags),
+                        child_env, 240))
+    outside, nested = _load(tmp_path, "outside"), _load(tmp_path, "nested")
+    for rank in range(2):
+        assert nested[rank]["losses"] == outside[rank]["losses"], rank
+        for w_nested, w_outside in zip(nested[rank]["weights"], outside[rank]["weights"]):
+            np.testing.assert_array_equal(w_nested, w_outside)
+        assert nested[rank]["lease_stats"]["acquires"] == 2 * 6, nested[rank]["lease_stats"]
+        assert outside[rank]["deprecations"] == [] and len(nested[rank]["deprecations"]) == 1
+    assert outside[0]["losses"][-1] < outside[0]["losses"][0]

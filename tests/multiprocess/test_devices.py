@@ -88,6 +88,19 @@ def test_initialised_runtime_is_a_clear_error() -> None:
                                     devices.GpuMemoryPolicy(), 0, 1)
 
 
+def test_device_messages_name_the_option_that_exists(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 60: they said to pass configure_devices=False, which no constructor takes; the
+    option is DeviceOptions(configure=False)."""
+    with pytest.raises(devices.DeviceConfigError) as raised:
+        devices.configure_local_gpu(FakeConfig(gpus=1, initialised=True),
+                                    devices.GpuMemoryPolicy(), 0, 1)
+    gpus = [FakeDevice("/device:GPU:0"), FakeDevice("/device:GPU:1")]
+    assert devices.local_device_name(gpus, [], 0) == "/device:GPU:0"
+    for text in (str(raised.value), caplog.text):
+        assert "device=crossover_tf.DeviceOptions(configure=False)" in text, text
+        assert "configure_devices" not in text, text
+
+
 def test_more_local_ranks_than_gpus_is_an_error() -> None:
     with pytest.raises(devices.DeviceConfigError, match="at most one rank per GPU"):
         devices.select_local_gpu([FakeDevice("g0")], 1, 2)

@@ -78,6 +78,32 @@ def test_more_jobs_than_declared_is_refused_unless_the_extra_one_leaves():
     assert issubclass(group_join.GroupOverfull, RuntimeError)
 
 
+def test_a_job_waiting_behind_more_jobs_than_declared_says_so_at_once(
+        caplog: pytest.LogCaptureFixture):
+    """Issue 60: three jobs started on a group of two; one ran alone, the other two waited
+    with nothing logged until one left (or GroupOverfull after the 120 s join timeout). Now the
+    waiting job logs, before its next poll, which job it is, who is on the lease and why it
+    waits; once per crowd, not every poll."""
+    path = pathlib.Path("/dev/shm/crossover.g.dev")
+    me = os.getpid()  # this process is job 'c'
+    three = [Member("a", 1, 0, True), Member("b", 2, 0, False), Member("c", me, 0, False)]
+    seen_at_poll: list[str] = []
+
+    def members() -> list[Member]:
+        seen_at_poll.append(caplog.text)
+        return three if len(seen_at_poll) < 5 else three[1:]
+
+    with caplog.at_level("WARNING"):
+        assert len(group_join.wait_for_jobs(members, path, 2, 120, poll_s=0.01)) == 2
+    assert "waits" not in seen_at_poll[0]
+    warned = seen_at_poll[1]
+    for part in (f"job 'c' (pid {me}) waits", f"3 jobs are on lease file {path}",
+                 "job 'a' (pid 1)", "declares 2 (LeaseOptions.jobs)", "until one leaves",
+                 "120 s", "GroupOverfull", "its own group name"):
+        assert part in warned, (part, warned)
+    assert len(caplog.records) == 1, caplog.text
+
+
 def test_job_labels_follow_the_core_rule():
     assert validate_job(None) == "" and validate_job("") == ""
     assert validate_job("host-1.example:123@a_b") == "host-1.example:123@a_b"

@@ -119,7 +119,9 @@ def test_the_rest_of_the_surface_matches_multiworkermirroredstrategy(tmp_path, c
     """experimental_distribute_dataset of global batches splits them as
     MultiWorkerMirroredStrategy's DATA sharding does (each rank a contiguous slice: the same
     weights, bit for bit); cluster_resolver, experimental_local_results and gather answer as
-    there (before: none of them existed)."""
+    there (before: none of them existed), and so do extended.should_checkpoint,
+    should_save_summary and variable_created_in_scope of a tf.Variable (issue 60: the first two
+    raised AttributeError, the last said False for a variable made in scope)."""
     for prefix, name in (("mwms", "mwms"), ("ours", "crossover")):
         result = _run(tmp_path, prefix, child_env, "--strategy", name, "--steps", "6",
                       "--dataset", "global")
@@ -131,6 +133,9 @@ def test_the_rest_of_the_surface_matches_multiworkermirroredstrategy(tmp_path, c
             np.testing.assert_array_equal(w_ours, w_mwms)
         assert ours[rank]["surface"] == {"task_id": rank, "local_results": 1,
                                          "gather": [[0.0], [1.0]]}
+        assert ours[rank]["extended"] == mwms[rank]["extended"] == {
+            "should_checkpoint": rank == 0, "should_save_summary": rank == 0,
+            "created_in_scope": [True, False]}, (rank, ours[rank], mwms[rank])
 
 
 @pytest.mark.multiprocess

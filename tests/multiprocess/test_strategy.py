@@ -270,6 +270,50 @@ def test_one_batch_steps_take_the_lease_and_a_model_made_outside_is_refused(leas
         "train_on_batch would run on this rank alone" in result.stdout, result.stdout[-3000:]
 
 
+LOADED_MODEL_PROBE = """
+import sys
+import keras, numpy as np
+import crossover_tf
+strategy = crossover_tf.CrossoverStrategy(
+    sys.argv[1], lease=crossover_tf.LeaseOptions(jobs=1),
+    communication=crossover_tf.CommunicationOptions(backend="tensorflow",
+                                                    collective_timeout_s=60))
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+if strategy.should_checkpoint:  # rank 0 alone, as a script reloads its checkpoint
+    model.save(sys.argv[2] + "/model.keras")
+    loaded = keras.models.load_model(sys.argv[2] + "/model.keras")  # outside every scope
+    x, y = np.arange(32, dtype="float32").reshape(8, 4) / 32, np.ones((8, 2), "float32")
+    kernel, bias = loaded.get_weights()
+    acquires = [strategy.lease_stats()["acquires"]]
+    predicted = loaded.predict(x, batch_size=4, verbose=0)
+    acquires.append(strategy.lease_stats()["acquires"])
+    loss = loaded.evaluate(x, y, batch_size=4, verbose=0)
+    acquires.append(strategy.lease_stats()["acquires"])
+    np.testing.assert_allclose(predicted, x @ kernel + bias, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loss, np.mean((x @ kernel + bias - y) ** 2), rtol=1e-5)
+    print("holds", np.diff(acquires).astype(int).tolist())
+strategy.leave_device()
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_predict_and_evaluate_of_a_loaded_model_run_on_the_calling_rank_with_the_lease(
+        tmp_path, lease_group, child_env):
+    """Issue 60: a script that reloads its checkpoint with keras.models.load_model and predicts
+    on rank 0 alone was refused ("would run on this rank alone: ... trains apart"), where
+    MultiWorkerMirroredStrategy runs a model made outside its scope on the calling worker. Now
+    a loaded model's predict and evaluate run on the calling rank alone (no collective: rank 1
+    never calls them), each batch under the device lease, with Keras's own results."""
+    result = run_bounded(launch_command("tensorflow", 2, sys.executable, "-c",
+                                        LOADED_MODEL_PROBE, lease_group, str(tmp_path)),
+                         child_env, 240)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "holds [2, 2]" in result.stdout, result.stdout[-4000:]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_xla_compiles_compute_and_apply_but_not_collectives(tmp_path, lease_group, child_env):
@@ -320,16 +364,25 @@ def test_uninitialised_horovod_is_a_clear_error():
 
 
 def test_extended_knows_the_variables_made_in_scope():
-    """tf.distribute's extended.variable_created_in_scope (issue 49: it was missing)."""
+    """tf.distribute's extended.variable_created_in_scope (issue 49: it was missing), for
+    tf.Variables too (issue 60: False for one made in scope), and extended.should_checkpoint
+    and should_save_summary, where tf.distribute code looks (issue 60: AttributeError)."""
     import keras
+    import tensorflow as tf
     import crossover_tf
     strategy = crossover_tf.CrossoverStrategy(
         "", communication=crossover_tf.CommunicationOptions(backend="tensorflow"))
     with strategy.scope():
         inside = keras.Variable(1.0)
+        tf_inside = tf.Variable(1.0)
     outside = keras.Variable(2.0)
+    tf_outside = tf.Variable(2.0)
     assert strategy.extended.variable_created_in_scope(inside)
     assert not strategy.extended.variable_created_in_scope(outside)
+    assert strategy.extended.variable_created_in_scope(tf_inside)
+    assert not strategy.extended.variable_created_in_scope(tf_outside)
+    assert strategy.extended.should_checkpoint is True
+    assert strategy.extended.should_save_summary is True
 
 
 def test_single_process_surface():

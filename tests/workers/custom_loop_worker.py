@@ -6,16 +6,18 @@ only in the crossing lines. With --misuse (one process) it tries the mistakes th
 refuse and records each error.
 
   custom_loop_worker.py OUT [--group G] [--plain] [--steps N] [--barrier DIR:N] [--misuse]
-                        [--link_turn POSITION]
+                        [--link_turn POSITION] [--in_run]
 
 With --link_turn the crossed loop also takes link turns: its tape joins them on its first
-allreduce, as no Keras step runs to do it.
+allreduce, as no Keras step runs to do it. With --in_run the crossed step runs inside
+strategy.run, and the worker records the DeprecationWarnings crossover_tf gave.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -26,8 +28,9 @@ from experiments.barrier import wait_at_barrier  # noqa: E402
 from strategy_worker import FEATURES, build_model, global_dataset  # noqa: E402
 
 
-def crossed_step(strategy, model, optimizer, loss_fn):
-    @tf.function
+def crossed_step(strategy, model, optimizer, loss_fn, in_run: bool = False):
+    """The crossed step; in_run: called inside strategy.run, as a loop ported to the
+    2026-12-04 docs wrote it (deprecated: the hold and tape there are no-ops that warn)."""
     def step(x, y):
         with strategy.hold_device():
             with tf.GradientTape() as tape:
@@ -36,7 +39,9 @@ def crossed_step(strategy, model, optimizer, loss_fn):
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
-    return step
+    if in_run:
+        return tf.function(lambda x, y: strategy.run(step, args=(x, y)))
+    return tf.function(step)
 
 
 def plain_communicator(backend: str):
@@ -131,6 +136,8 @@ def main() -> None:
     parser.add_argument("--backend", default="horovod", help="CommunicationOptions.backend")
     parser.add_argument("--link_turn", type=int, default=-1,
                         help="LinkTurnOptions.position (-1: no link turns)")
+    parser.add_argument("--in_run", action="store_true",
+                        help="the crossed step inside strategy.run (the 2026-12-04 port)")
     args = parser.parse_args()
 
     import crossover_tf
@@ -157,18 +164,24 @@ def main() -> None:
         data = global_dataset(args.steps).map(lambda x, y: (x[rank::size], y[rank::size]))
     else:
         strategy.broadcast_variables(variables)
-        step = crossed_step(strategy, model, optimizer, loss_fn)
+        step = crossed_step(strategy, model, optimizer, loss_fn, args.in_run)
         data = strategy.distribute_dataset(global_dataset(args.steps))
     result: dict = {"rank": rank}
     if args.misuse:
         result["misuse"], result["lease_stats"] = misuse(strategy, model, optimizer, loss_fn)
     else:
         losses = []
-        for i, (x, y) in enumerate(data):
-            losses.append(float(step(x, y)))
-            if i == 0 and args.barrier:  # line up after tracing, which differs per job
-                wait_at_barrier(args.barrier, f"{args.group}-{args.plain}-{rank}-{os.getpid()}")
-        result.update(losses=losses, weights=[w.tolist() for w in model.get_weights()])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DeprecationWarning)
+            for i, (x, y) in enumerate(data):
+                losses.append(float(step(x, y)))
+                if i == 0 and args.barrier:  # line up after tracing, which differs per job
+                    wait_at_barrier(args.barrier,
+                                    f"{args.group}-{args.plain}-{rank}-{os.getpid()}")
+        result.update(losses=losses, weights=[w.tolist() for w in model.get_weights()],
+                      deprecations=[str(w.message) for w in caught
+                                    if issubclass(w.category, DeprecationWarning)
+                                    and "crossover_tf" in str(w.message)])
         if strategy is not None and strategy.is_crossover:
             result["lease_stats"] = strategy.lease_stats()
             result["timeline"] = strategy.lease_timeline().tolist()

@@ -38,6 +38,19 @@ def make_strategy(args: argparse.Namespace):  # noqa: ANN201 -- any strategy
                                                         collective_timeout_s=120))
 
 
+def extended_answers(strategy) -> dict:  # noqa: ANN001 -- any strategy
+    """What tf.distribute code asks of strategy.extended: who checkpoints and writes
+    summaries, and which variables the strategy's scope made."""
+    with strategy.scope():
+        inside = tf.Variable(1.0)
+    outside = tf.Variable(2.0)
+    extended = strategy.extended
+    return {"should_checkpoint": extended.should_checkpoint,
+            "should_save_summary": extended.should_save_summary,
+            "created_in_scope": [extended.variable_created_in_scope(inside),
+                                 extended.variable_created_in_scope(outside)]}
+
+
 def global_examples(steps: int) -> tf.data.Dataset:
     rng = np.random.default_rng(123)
     x = rng.normal(size=(GLOBAL_BATCH * steps, FEATURES)).astype("float32")
@@ -114,6 +127,8 @@ def main() -> None:
     losses = [float(train_step(iterator)) for _ in range(args.steps)]
     result = {"rank": rank, "losses": losses,
               "weights": [w.tolist() for w in model.get_weights()]}
+    if args.strategy != "none":
+        result["extended"] = extended_answers(strategy)
     if args.strategy == "crossover":
         result["lease_stats"] = strategy.lease_stats()
         replica = {}
