@@ -5,8 +5,9 @@ of one node, and two separate sbatch jobs land together only with a node list th
 cannot know; one allocation with two `srun --overlap` steps is on one node by construction,
 and its steps share the job's /dev/shm. Each pair gets its own group, the group's job count
 and, for crossing with link turns, the two link turn positions, appended to each job's command
-as experiments/train.py's flags (a user's script that takes the same flags launches the same
-way). A naive or shifted pair runs the same recipe without a group: co-located, no lease.
+as experiments/train.py's flags, which the installed example job
+(crossover_tf.examples.fit_synthetic) takes too (a user's script that takes them launches the
+same way). A naive or shifted pair runs the same recipe without a group: co-located, no lease.
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ class PairLaunch:
 
 
 def default_command(job: str) -> str:
-    """The command of a job the caller gave none for: experiments/train.py under its name."""
-    return f"python -m experiments.train --job={shlex.quote(job)}"
+    """The command of a job the caller gave none for: the example job installed with
+    crossover_tf, under its name (experiments/ exists only in a checkout, not on the nodes)."""
+    return f"python -m crossover_tf.examples.fit_synthetic --job={shlex.quote(job)}"
 
 
 def pair_group(index: int, job_a: str, job_b: str) -> str:

@@ -163,7 +163,10 @@ def test_slurm_tensorflow_recipe_crosses_two_rank_jobs_without_horovod(
         env[f"CROSSOVER_COMMAND_{job}"] = " ".join(train_command(
             job, group, run_dir / "model", run_dir / "barrier", True, 120.0,
             "--backend=tensorflow", processes=4, python=slurm_cluster.python))
-    _assert_steps_cross(slurm_cluster, group, run_dir, env, str(TENSORFLOW_SCRIPT))
+    # The recipe asks for two nodes, one rank each; the test cluster is one node of two devices
+    # (cpu0, cpu1): the layout the recipe's header gives for a multi-device node.
+    _assert_steps_cross(slurm_cluster, group, run_dir, env, str(TENSORFLOW_SCRIPT),
+                        layout=("--nodes=1", "--ntasks-per-node=2"))
     for job in ("A", "B"):  # each job had two ranks, one per device (cpu0, cpu1)
         stats = [json.loads((run_dir / "model" / job / name).read_text())
                  for name in ("stats.json", "stats.rank1.json")]
@@ -192,8 +195,8 @@ def test_planner_launch_line_runs_as_written(slurm_cluster: SlurmCluster) -> Non
 
 
 def _assert_steps_cross(cluster: SlurmCluster, group: str, run_dir: pathlib.Path,
-                        env: dict[str, str], script: str) -> None:
-    job_id = cluster.sbatch([f"--chdir={cluster.root}", script], env=env)
+                        env: dict[str, str], script: str, layout: tuple[str, ...] = ()) -> None:
+    job_id = cluster.sbatch([f"--chdir={cluster.root}", *layout, script], env=env)
     records = cluster.wait([job_id], timeout_s=JOB_TIMEOUT_S)
     result = summarize(cluster, group, run_dir, {"A": job_id, "B": job_id},
                        {job_id: records[job_id]}, None)

@@ -34,9 +34,12 @@ RECIPES = [COMPOSE, K8S_DRA, K8S_TIME_SLICING, K8S_TFJOBS, K8S_TRAINJOBS, SLURM_
 PRIVATE_DIRS = ("/tmp", "/dev/shm")  # private per container / per job_container/tmpfs job
 
 
-def train_flags(command: list[str]) -> dict[str, str]:
-    """--name=value flags of an experiments.train command line."""
-    assert command[:3] == ["python", "-m", "experiments.train"], command
+EXAMPLE_JOB = ["python", "-m", "crossover_tf.examples.fit_synthetic"]  # what the image installs
+
+
+def job_flags(command: list[str]) -> dict[str, str]:
+    """--name=value flags of the example job's command line."""
+    assert command[:3] == EXAMPLE_JOB, command
     flags = {}
     for arg in command[3:]:
         assert arg.startswith("--") and "=" in arg, arg
@@ -46,12 +49,12 @@ def train_flags(command: list[str]) -> dict[str, str]:
 
 
 def check_pair(commands: list[list[str]]) -> None:
-    """Two jobs of one group, each declaring a group of two, with flags train.py has."""
-    from experiments import train
-    flags = [train_flags(c) for c in commands]
+    """Two jobs of one group, each declaring a group of two, with flags the example job has."""
+    from crossover_tf.examples import fit_synthetic
+    flags = [job_flags(c) for c in commands]
     assert len(flags) == 2
     for f in flags:
-        assert set(f) <= set(train.FLAG_NAMES), set(f) - set(train.FLAG_NAMES)
+        assert set(f) <= set(fit_synthetic.FLAG_NAMES), set(f) - set(fit_synthetic.FLAG_NAMES)
         assert f.get("group_jobs") == "2", f
         assert float(f.get("join_timeout_s", "0")) > 0, f
     assert flags[0]["group"] == flags[1]["group"] != "", flags
@@ -102,7 +105,7 @@ def _pods(path: pathlib.Path) -> tuple[list[dict], list[dict]]:
 
 def _check_pods_share_lease_dir(pods: list[dict]) -> None:
     assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
-    host_paths, commands = set(), []
+    host_paths, groups, commands = set(), set(), []
     for pod in pods:
         (container,) = pod["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}  # not valueFrom ones
@@ -110,11 +113,16 @@ def _check_pods_share_lease_dir(pods: list[dict]) -> None:
         assert outside_private_dirs(lease_dir), lease_dir
         (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == lease_dir]
         (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
-        assert volume["hostPath"]["type"] == "DirectoryOrCreate", volume
+        # the admin's directory (3770 of the jobs' group): kubelet's DirectoryOrCreate would
+        # make one of root's, 0755, that the non-root jobs cannot write
+        assert volume["hostPath"]["type"] == "Directory", volume
         host_paths.add(volume["hostPath"]["path"])
+        # group mode: the jobs (and the exporter) share the lease through the directory's group
+        assert env.get("CROSSOVER_LEASE_SHARED_GROUP") == "1", env
+        groups.add(tuple(pod["spec"]["securityContext"]["supplementalGroups"]))
         commands.append(container["command"])
         assert not pod["spec"].get("hostIPC"), "the recipe shares a directory, not the IPC"
-    assert len(host_paths) == 1, host_paths
+    assert len(host_paths) == 1 and len(groups) == 1, (host_paths, groups)
     check_pair(commands)
 
 
