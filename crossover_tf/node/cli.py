@@ -31,15 +31,22 @@ def parser() -> argparse.ArgumentParser:
     show = commands.add_parser("status", help="members, holder and queue of each lease")
     export = commands.add_parser("exporter", help="serve the leases' metrics to Prometheus")
     for command in (show, export):
-        command.add_argument("--lease_dir", default=None,
+        command.add_argument("--lease.dir", "--lease_dir", dest="lease_dir", default=None,
                              help=f"lease directory (default: ${LEASE_DIR_ENV}, else /dev/shm)")
         command.add_argument("--group", default=None, help="only this group's leases")
+    export.add_argument("--web.listen-address", dest="web_listen_address", default=None,
+                        metavar="HOST:PORT",
+                        help=f"where to serve /metrics, as Prometheus exporters take it "
+                             f"(default {EXPORTER_ADDRESS}:{EXPORTER_PORT}: this node only; "
+                             f"':PORT' is every interface, '[::1]:PORT' IPv6). Beyond loopback "
+                             "it needs --web.config.file with TLS and basic auth (or client "
+                             "certificates), or --insecure. Overrides --address and --port")
     export.add_argument("--port", type=int, default=EXPORTER_PORT,
-                        help=f"port to serve /metrics on (default {EXPORTER_PORT})")
+                        help=f"the older spelling: port to serve /metrics on (default "
+                             f"{EXPORTER_PORT})")
     export.add_argument("--address", default=EXPORTER_ADDRESS,
-                        help=f"address to listen on (default {EXPORTER_ADDRESS}: this node "
-                             "only). Any other needs --web.config.file with TLS and basic auth "
-                             "(or client certificates), or --insecure")
+                        help=f"the older spelling: address to listen on (default "
+                             f"{EXPORTER_ADDRESS})")
     export.add_argument("--web.config.file", dest="web_config_file", default=None,
                         metavar="FILE",
                         help="TLS and basic auth, in the Prometheus exporters' web "
@@ -51,14 +58,27 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def listen_on(args: argparse.Namespace) -> tuple[str, int]:
+    """The exporter's (address, port): --web.listen-address HOST:PORT where given, else the
+    older --address and --port."""
+    if args.web_listen_address is None:
+        return args.address, args.port
+    host, colon, port = args.web_listen_address.rpartition(":")
+    if not colon or not port.isdigit():
+        raise ValueError(f"--web.listen-address must be HOST:PORT (e.g. {EXPORTER_ADDRESS}:"
+                         f"{EXPORTER_PORT}, or :{EXPORTER_PORT} for every interface), got "
+                         f"{args.web_listen_address!r}")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
 def check_exposure(address: str, web: WebConfig | None, insecure: bool) -> str | None:
     """Refuses (ValueError) to serve the metrics unprotected beyond loopback; returns a warning
     to print where --insecure allows it, else None."""
     if (web is not None and web.protects) or is_loopback(address):
         return None
     shown = repr(address) if address in ("", "::") else address
-    exposed = (f"--address {shown} is reachable from other hosts, and the metrics name every "
-               "lease's jobs, pids, pid namespaces and devices")
+    exposed = (f"the listen address {shown} is reachable from other hosts, and the metrics name "
+               "every lease's jobs, pids, pid namespaces and devices")
     if web is None:
         missing = "without --web.config.file"
     elif web.tls is None:
@@ -81,11 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         if args.command == "exporter":
-            if not 0 < args.port < 65536:
-                raise ValueError(f"--port must be in 1-65535, got {args.port}")
+            address, port = listen_on(args)
+            if not 0 < port < 65536:
+                raise ValueError(f"--port must be in 1-65535, got {port}")
             # Checked before anything is served: never a refusal at scrape time.
             web = load_web_config(args.web_config_file) if args.web_config_file else None
-            warning = check_exposure(args.address, web, args.insecure)
+            warning = check_exposure(address, web, args.insecure)
             if warning:
                 print(warning, file=sys.stderr, flush=True)
             try:
@@ -96,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("error: the exporter needs prometheus_client: pip install "
                       "'crossover_tf[exporter]' (or prometheus-client==0.26.0)", file=sys.stderr)
                 return 2
-            serve(args.port, args.address, args.lease_dir, args.group, web)
+            serve(port, address, args.lease_dir, args.group, web)
             return 0
         from crossover_tf.node.status import status  # imports TensorFlow
         text, code = status(args.lease_dir, args.group)

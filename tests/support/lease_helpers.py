@@ -94,8 +94,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def exporter(lease_dir: pathlib.Path, env: dict[str, str]) -> Iterator[int]:
     """The exporter as an operator starts it, on a free loopback port; stopped afterwards."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "crossover_tf.lease", "exporter", "--port",
-                             str(port), "--address", "127.0.0.1", "--lease_dir", str(lease_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "crossover_tf.lease", "exporter",
+                             "--web.listen-address", f"127.0.0.1:{port}",
+                             "--lease.dir", str(lease_dir)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         line = proc.stdout.readline()

@@ -413,3 +413,24 @@ def test_docs_say_what_the_metrics_reveal_and_how_to_restrict_them():
     for needed in ("--web.config.file", "tls_server_config", "basic_auth_users", "--insecure",
                    "127.0.0.1", "pid_ns", "bcrypt", "client_auth_type"):
         assert needed in text, needed
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("127.0.0.1:9555", ("127.0.0.1", 9555)), ("[::1]:9556", ("::1", 9556)),
+    (":9557", ("", 9557))])
+def test_the_prometheus_listen_flag_names_address_and_port(flag, expected):
+    """Prometheus exporters take --web.listen-address HOST:PORT (':PORT' is every interface);
+    --address and --port stay as its older spelling, and --lease.dir beside --lease_dir."""
+    from crossover_tf.node import cli
+    args = cli.parser().parse_args(["exporter", "--web.listen-address", flag,
+                                    "--lease.dir", "/tmp/x"])
+    assert cli.listen_on(args) == expected and args.lease_dir == "/tmp/x"
+    older = cli.parser().parse_args(["exporter", "--address", "127.0.0.2", "--port", "9558"])
+    assert cli.listen_on(older) == ("127.0.0.2", 9558)
+
+
+def test_a_listen_address_beyond_loopback_is_refused_unprotected_and_a_bad_one_named(tmp_path):
+    every = run_exporter(tmp_path, "--web.listen-address", ":9559")
+    assert every.returncode == 2 and "--web.config.file" in every.stderr, every
+    bad = run_exporter(tmp_path, "--web.listen-address", "localhost")
+    assert bad.returncode == 2 and "HOST:PORT" in bad.stderr, bad
