@@ -17,6 +17,7 @@ _EXPORTS = {
     "LeaseOptions": "crossover_tf.options", "LinkTurnOptions": "crossover_tf.options",
     "CrossoverStrategy": "crossover_tf.strategy", "DeviceLease": "crossover_tf.lease",
     "LeaseStats": "crossover_tf.lease", "ProfileCallback": "crossover_tf.profiling",
+    "LeaseTensorBoard": "crossover_tf.profiling",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 __all__ = sorted(_EXPORTS)

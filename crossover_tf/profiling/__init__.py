@@ -6,6 +6,7 @@ apply from the lease timeline, `job_record` turns both into the planner's JobSta
 user's job profiles itself before it is paired (crossover_tf_planner.recommend).
 """
 from crossover_tf.profiling.callback import ProfileCallback
+from crossover_tf.profiling.lease_tensorboard import LeaseTensorBoard
 from crossover_tf.profiling.step_timer import StepTimer, process_cpu_s
 
-__all__ = ["ProfileCallback", "StepTimer", "process_cpu_s"]
+__all__ = ["LeaseTensorBoard", "ProfileCallback", "StepTimer", "process_cpu_s"]

@@ -19,8 +19,8 @@ from crossover_tf_planner.job_stats import JobStats
 from experiments import config as config_lib
 from experiments.analysis import bounds, planning, report, shift_experiment, sweep, upfront
 from experiments.analysis import regime as regime_lib
-from experiments.comparison import (budget, calibrate, calibration, period_calibrate, scenarios,
-                                    settings, shift, summary, trials)
+from experiments.comparison import (budget, calibrate, calibration, period_calibrate, progress,
+                                    scenarios, settings, shift, summary, trials)
 from experiments.probes.comm_costs import measure_comm_costs
 
 TrialStats = dict[str, dict[str, JobStats]]  # scenario -> job -> stats, of one trial
@@ -36,6 +36,7 @@ def _run_trials(c: Any, out: pathlib.Path, bandwidth: float | None, regime: Regi
     stats: list[TrialStats] = []
     trial_settings: list[dict[str, Any]] = []
     cluster_info: dict[str, Any] = {}
+    tracker = progress.TrialProgress(c.trials)
     for trial, order in enumerate(trials.trial_orders(settings.scenario_names(c), c.trials)):
         if trial:
             bandwidth = _next_link(stats[-1], bandwidth, regime, trial - 1, c.period_ratio)
@@ -51,6 +52,7 @@ def _run_trials(c: Any, out: pathlib.Path, bandwidth: float | None, regime: Regi
             for name in order:
                 stats[-1][name] = _run_in_trial(cluster, c, name, out, trial, stats,
                                                 trial_settings[-1])
+        tracker.trial_done(order)
     return stats, cluster_info, trial_settings
 
 

@@ -7,7 +7,7 @@ losses as Keras logged them on this rank, final weights, lease stats and timelin
                      [--bad_xla] [--group_per_rank] [--link_turn P] [--job J] [--linger PATH]
                      [--no_callbacks] [--outside_scope] [--backend horovod|tensorflow|default]
                      [--file_callbacks DIR] [--fail_at_epoch E] [--raise_on_rank R]
-                     [--train_on_batch]
+                     [--train_on_batch] [--mixed_precision]
 """
 from __future__ import annotations
 
@@ -36,13 +36,22 @@ class HostCallback(keras.layers.Layer):
         return tf.ensure_shape(y, x.shape)
 
 
-def build_model(bad_xla: bool) -> keras.Model:
+# Far above what float16 gradients hold: the first steps overflow, and the dynamic loss scale
+# halves (skipping each such step) until it fits, so the skip path runs too.
+MIXED_INITIAL_SCALE = 2.0 ** 24
+
+
+def build_model(bad_xla: bool, mixed_precision: bool = False) -> keras.Model:
     layers = [keras.Input((FEATURES,)), keras.layers.Dense(64, activation="tanh")]
     if bad_xla:
         layers.append(HostCallback())
     layers += [keras.layers.Dense(64, activation="tanh"), keras.layers.Dense(CLASSES)]
     model = keras.Sequential(layers)
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    if mixed_precision:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer,
+                                                        initial_scale=MIXED_INITIAL_SCALE)
+    model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=True)
     return model
@@ -98,13 +107,17 @@ def main() -> None:
     parser.add_argument("--train_on_batch", action="store_true", help="train with "
                         "model.train_on_batch on each of this rank's batches instead of fit "
                         "(no callbacks: a custom loop of Keras's one-batch steps)")
+    parser.add_argument("--mixed_precision", action="store_true", help="the mixed_float16 "
+                        "policy and a LossScaleOptimizer starting at MIXED_INITIAL_SCALE")
     args = parser.parse_args()
 
+    if args.mixed_precision:
+        keras.mixed_precision.set_global_policy("mixed_float16")
     keras.utils.set_random_seed(7)
     record = RecordLosses()
     result: dict = {}
     if args.reference:
-        model = build_model(args.bad_xla)
+        model = build_model(args.bad_xla, args.mixed_precision)
         model.fit(global_dataset(args.steps // args.epochs), epochs=args.epochs, verbose=0,
                   callbacks=[record])
         rank = 0
@@ -127,10 +140,10 @@ def main() -> None:
         result.update(size=strategy.size, communicator=type(strategy.extended.comm).__name__)
         keras.utils.set_random_seed(7 + rank)  # different init per rank: broadcast must fix it
         if args.outside_scope:
-            model = build_model(args.bad_xla)
+            model = build_model(args.bad_xla, args.mixed_precision)
         else:
             with strategy.scope():
-                model = build_model(args.bad_xla)
+                model = build_model(args.bad_xla, args.mixed_precision)
         # Line the jobs up after their first step: it traces and XLA-compiles (seconds, and
         # unequal between jobs), and a tiny job could otherwise finish before its peer starts.
         line_up = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: (
@@ -176,6 +189,9 @@ def main() -> None:
         result["jit_compile"] = bool(model.jit_compile)
         if args.save and strategy.should_checkpoint:
             model.save(os.path.join(args.save, "model.keras"))
+    if args.mixed_precision:
+        result.update(loss_scale=float(model.optimizer.dynamic_scale),
+                      iterations=int(model.optimizer.iterations))
     result.update(rank=rank, losses=record.losses,
                   weights=[w.tolist() for w in model.get_weights()])
     write_rank_result(args.out, rank, result)
