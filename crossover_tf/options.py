@@ -185,7 +185,8 @@ class CommunicationOptions:
 
     Settings one backend would ignore are refused for the other (compression, init_horovod
     and allreduce_on="device" are Horovod's; cluster_resolver is TensorFlow's), and with
-    "auto", which could pick either, they need the backend named.
+    "auto", which could pick either, they need the backend named; except Horovod's in a rank
+    horovodrun started, where "auto" is Horovod.
 
     Args:
       backend: "auto" (the default: Horovod in a rank that horovodrun started, TensorFlow's
@@ -223,14 +224,18 @@ class CommunicationOptions:
         # What to say when a setting of one library meets another choice.
         unless_horovod = ("name backend='horovod' with it (backend='auto' picks TensorFlow's "
                           "collectives outside horovodrun)" if self.backend == "auto" else "")
-        if self.backend != "horovod" and self.compression is not None:
+        # In a rank horovodrun started, "auto" is Horovod and cannot be anything else (TensorFlow's
+        # collectives would find no cluster there), so Horovod's settings are used, never
+        # dropped: a Horovod script keeps its compression as it was.
+        horovod = resolve_backend(self.backend)[0] == "horovod"
+        if not horovod and self.compression is not None:
             raise ValueError("crossover_tf: gradient compression is Horovod's; " + (
                 unless_horovod or f"the {self.backend} backend sends gradients as they are"))
-        if self.backend != "horovod" and self.allreduce_on == "device":
+        if not horovod and self.allreduce_on == "device":
             raise ValueError("crossover_tf: allreduce_on='device' needs backend='horovod'; " + (
                 unless_horovod
                 or f"the {self.backend} backend's collectives run in host memory"))
-        if self.backend != "horovod" and self.init_horovod is not True:
+        if not horovod and self.init_horovod is not True:
             raise ValueError("crossover_tf: init_horovod is Horovod's; " + (
                 unless_horovod or f"the {self.backend} backend starts its own collectives"))
         if self.backend != "tensorflow" and self.cluster_resolver is not None:

@@ -26,7 +26,7 @@ from crossover_tf._keras.fit_guard import guard_fit
 from crossover_tf import lease as lease_lib
 from crossover_tf._communication import communicator_for
 from crossover_tf._protocol import datasets, replica_context
-from crossover_tf._protocol.gradient_tape import CrossoverGradientTape
+from crossover_tf._protocol.gradient_tape import CrossoverGradientTape, check_horovod_options
 from crossover_tf._protocol.optimizer_guard import guard_optimizers, refuse_inside_run
 from crossover_tf._protocol.step_protocol import StepProtocol
 from crossover_tf._setup.bring_up import bring_up
@@ -282,10 +282,19 @@ class CrossoverStrategy:
             return replica_context.nested_hold()
         return self._protocol.device_hold()
 
-    def gradient_tape(self, tape: tf.GradientTape) -> CrossoverGradientTape:
+    def gradient_tape(self, tape: tf.GradientTape, *, compression: Any = None,
+                      sparse_as_dense: bool = False, op: Any = None,
+                      **horovod_options: Any) -> CrossoverGradientTape:
         """Wraps a tf.GradientTape as hvd.DistributedGradientTape does: gradient() averages
         over the job's ranks, with the device yielded (and the link turn taken, joined on
-        first use) for the allreduce. Call its gradient() inside strategy.hold_device()."""
+        first use) for the allreduce. Call its gradient() inside strategy.hold_device().
+
+        Horovod's options a port keeps: compression (the job's own, set once in
+        CommunicationOptions(compression=...); None: as the job is set), sparse_as_dense
+        (gradients are densified either way) and op=hvd.Average; any other is refused by name
+        (check_horovod_options)."""
+        check_horovod_options(self._protocol.communication, compression, sparse_as_dense, op,
+                              horovod_options)
         return CrossoverGradientTape(tape, self._protocol)
 
     # ----- crossover -------------------------------------------------------------------------

@@ -239,3 +239,16 @@ def test_job_label_is_checked_with_the_lease_rule():
     assert LeaseOptions(job="A").job == "A"
     with pytest.raises(ValueError, match="job"):
         LeaseOptions(job="job A/1")
+
+
+@pytest.mark.parametrize("kwargs", [{"compression": object()}, {"allreduce_on": "device"},
+                                    {"init_horovod": False}])
+def test_auto_under_horovodrun_takes_horovods_settings(kwargs, monkeypatch):
+    """A Horovod script ported as it was (issue 60: its compression under horovodrun was
+    refused although "auto" resolves to Horovod there): in a rank horovodrun started, "auto"
+    is Horovod, so its settings are used, never dropped; outside it they are still refused."""
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    CommunicationOptions(**kwargs)
+    monkeypatch.delenv("HOROVOD_RANK")
+    with pytest.raises(ValueError, match="name backend='horovod'"):
+        CommunicationOptions(**kwargs)
