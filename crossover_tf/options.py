@@ -153,8 +153,22 @@ BACKEND_CHOICES = ("auto", *BACKENDS)
 # sets HOROVOD_RANK; its MPI mode starts the ranks with mpirun, whose ranks have Open MPI's
 # OMPI_COMM_WORLD_RANK or MPICH's and Intel MPI's PMI_RANK. Slurm's srun --mpi=pmi2 sets
 # PMI_RANK as well, for steps of either backend, so PMI_RANK counts only outside a Slurm step.
+GROUP_ENV = "CROSSOVER_GROUP"
 HOROVOD_LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK")
 MPI_PMI_ENV = "PMI_RANK"
+
+
+def resolve_group(group: str | None, env: Mapping[str, str] | None = None) -> str:
+    """The crossover group a CrossoverStrategy(group) means: as given ("" for none), or, for
+    None, $CROSSOVER_GROUP ("" where unset). Why a variable: a launcher, a Slurm recipe or a
+    TFJob can put a script's jobs in a group without the script growing a flag of its own (a
+    ported Horovod script keeps its command line)."""
+    if group is not None:
+        return group
+    value = (os.environ if env is None else env).get(GROUP_ENV, "")
+    if value:
+        segments.validate_name(f"${GROUP_ENV}", value, segments.GROUP_MAX_LEN)
+    return value
 
 
 def resolve_backend(backend: str, env: Mapping[str, str] | None = None) -> tuple[str, str]:

@@ -41,8 +41,9 @@ class CrossoverStrategy:
     jobs on the same devices.
 
     Args:
-      group: crossover group key shared by the jobs that take turns on each device. Empty or
-        None: plain data parallelism, no lease (the baseline).
+      group: crossover group key shared by the jobs that take turns on each device. Empty:
+        plain data parallelism, no lease (the baseline). None (the default): $CROSSOVER_GROUP,
+        and plain data parallelism where it is unset (options.resolve_group).
       lease: how the group's jobs share a device: how many jobs the group has (each job waits
         at start until they are all there, and fails loudly otherwise), priority, lease
         directory (options.LeaseOptions).
@@ -67,10 +68,10 @@ class CrossoverStrategy:
     refuses such ops (they have no XLA kernels); with jit off nothing detects them.
     """
 
-    def __init__(self, group: str | None = "", *, lease: LeaseOptions | None = None,
+    def __init__(self, group: str | None = None, *, lease: LeaseOptions | None = None,
                  link_turn: LinkTurnOptions | None = None, device: DeviceOptions | None = None,
                  communication: CommunicationOptions | None = None):
-        group = group or ""
+        group = options.resolve_group(group)
         if group:
             lease_lib.segments.validate_name("group", group, lease_lib.segments.GROUP_MAX_LEN)
         lease = _checked("lease", lease, LeaseOptions)
@@ -268,7 +269,18 @@ class CrossoverStrategy:
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrites variables on every rank with root_rank's values (e.g. after restoring a
         checkpoint on rank 0 only). A collective; ranks must pass matching variable lists,
-        otherwise every rank raises a ValueError naming the first mismatch."""
+        otherwise every rank raises a ValueError naming the first mismatch. Eager only: inside
+        a tf.function (where Horovod's idiom calls hvd.broadcast_variables, in the first step)
+        it is refused at trace, naming where to call it instead."""
+        if tf.inside_function():
+            raise RuntimeError(
+                "crossover_tf: strategy.broadcast_variables inside a tf.function: it is a "
+                "collective of the job's ranks whose check runs eagerly, and inside a step it "
+                "would wait on the network while the step holds the device. Call it eagerly, "
+                "once, after the first step instead of inside it (Horovod's `if first_batch:` "
+                "branch): `loss = train_step(x, y)` then `if step == 0: "
+                "strategy.broadcast_variables(model.variables + optimizer.variables)`, or "
+                "before the loop after optimizer.build() (docs/coming_from_horovod.md)")
         self._protocol.broadcast_variables(variables, root_rank)
 
     # ----- custom training loops -------------------------------------------------------------

@@ -252,3 +252,14 @@ def test_auto_under_horovodrun_takes_horovods_settings(kwargs, monkeypatch):
     monkeypatch.delenv("HOROVOD_RANK")
     with pytest.raises(ValueError, match="name backend='horovod'"):
         CommunicationOptions(**kwargs)
+
+
+def test_the_group_comes_from_crossover_group_where_none_is_named():
+    """A launcher or recipe puts a script's jobs in a group without a flag of the script's own
+    (issue 60: no environment convention); a name in code, "" included, wins."""
+    assert options.resolve_group(None, {}) == ""
+    assert options.resolve_group(None, {"CROSSOVER_GROUP": "pair0"}) == "pair0"
+    assert options.resolve_group("", {"CROSSOVER_GROUP": "pair0"}) == ""
+    assert options.resolve_group("mine", {"CROSSOVER_GROUP": "pair0"}) == "mine"
+    with pytest.raises(ValueError, match=r"\$CROSSOVER_GROUP"):
+        options.resolve_group(None, {"CROSSOVER_GROUP": "bad name!"})
