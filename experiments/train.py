@@ -46,7 +46,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     define(flags.DEFINE_boolean, "jit_compile", True, "Compile compute and apply with XLA.")
     define(flags.DEFINE_string, "model_dir", "runs/train", "Where TensorBoard logs and stats go.")
     define(flags.DEFINE_integer, "seed", 0, "Seed for initial weights and data order.")
-    define(flags.DEFINE_float, "lease_timeout_s", 300.0, "Fail if the device lease is not "
+    # LeaseOptions.timeout_s's default: one default for one setting (importing crossover_tf
+    # here would load TensorFlow before the flags are parsed).
+    define(flags.DEFINE_float, "lease_timeout_s", 600.0, "Fail if the device lease is not "
            "granted within this time (a stuck or dead peer).")
     define(flags.DEFINE_enum, "compression", "none", "Allreduce compression.",
            enum_values=["none", "fp16"])

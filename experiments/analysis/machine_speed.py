@@ -1,11 +1,12 @@
-"""How fast this machine ran against the run the README's Results show, in one line.
+"""How fast this machine ran against the README's reference run, in one line.
 
 Why: a ratio such as link turns / naive, or measured / ideal, holds at an M/C, but how much a
 job's compute suffers beside the other's allreduce depends on the machine (issue 52: on a core
 1.7 times as fast, link turns fell from 0.96 to 0.88 of the ideal at the same M/C). A reader
 comparing a run with the README needs both runs' C and M, not only their ratio. The README's
-run is recorded once, in docs/readme_run.json (a test checks that README states the same
-figures), and every comparison's report says how its solo C and M stand against it.
+run is docs/readme_run.json, one of docs/results.json's records (tests check that both and
+the README's results table state the same figures), and every comparison's report says how its
+solo C and M stand against it.
 """
 from __future__ import annotations
 

@@ -77,14 +77,15 @@ def test_unknown_keys_in_the_record_are_refused(tmp_path):
 
 
 def test_readme_states_the_recorded_runs_c_and_m():
-    """docs/readme_run.json is the README's main job: its Results paragraph of that date and
-    commit gives every job's C and M as recorded, so the report's line and the README agree."""
+    """docs/readme_run.json is one of the README's runs: its row of the results table (rendered
+    from docs/results.json) gives every job's C and M as recorded, so the report's line and the
+    README agree."""
     reference = machine_speed.load_reference()
     assert reference is not None, "docs/readme_run.json is missing"
-    results = (REPO_ROOT / "README.md").read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
-    paragraph = next((p for p in results.split("\n\n")
-                      if reference.date in p and reference.commit in p), None)
-    assert paragraph is not None, (reference.date, reference.commit)
+    row = next((line for line in (REPO_ROOT / "README.md").read_text().splitlines()
+                if line.startswith("|") and reference.date in line
+                and reference.commit in line), None)
+    assert row is not None, (reference.date, reference.commit)
     for job in reference.compute_ms:
-        assert (f"job {job} C {reference.compute_ms[job]:.0f} ms, M "
-                f"{reference.comm_ms[job]:.0f} ms") in paragraph, (job, paragraph)
+        assert (f"{job} {reference.compute_ms[job]:.0f} / "
+                f"{reference.comm_ms[job]:.0f}") in row, (job, row)
