@@ -49,13 +49,16 @@ def _parser() -> argparse.ArgumentParser:
                                  help="a job's command for --slurm (default: the installed "
                                       "example, crossover_tf.examples.fit_synthetic, under "
                                       "the job's name); repeat per job")
-            command.add_argument("--sbatch-options", default="",
+            command.add_argument("--sbatch-options", "--sbatch_options", default="",
                                  help="sbatch options for --slurm, e.g. '--gres=gpu:1'")
-        command.add_argument("--min-gain", type=float, default=0.05,
+        # Each option also takes the underscore spelling that experiments/plan.py's absl
+        # flags use (--device_model), so a command copied between the two runs either way.
+        command.add_argument("--min-gain", "--min_gain", type=float, default=0.05,
                              help="least gain a more involved policy must show (0.05)")
-        command.add_argument("--device-model", choices=sorted(DEVICE_MODELS), default="gpu",
+        command.add_argument("--device-model", "--device_model", choices=sorted(DEVICE_MODELS),
+                             default="gpu",
                              help="how jobs share a device without a scheduler (gpu)")
-        command.add_argument("--link-contention", metavar="PATH",
+        command.add_argument("--link-contention", "--link_contention", metavar="PATH",
                              help="contention.json measured on the jobs' cluster "
                                   "(default: a lossless link)")
     return parser

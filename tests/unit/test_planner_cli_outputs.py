@@ -68,3 +68,16 @@ def test_a_bad_command_writes_nothing_on_stdout(paths, capsys):
         cli.EXIT_BAD_INPUT
     out, err = capsys.readouterr()
     assert out == "" and "JOB=COMMAND" in err
+
+
+def test_the_options_take_experiments_plans_underscore_spelling_too():
+    """crossover-plan's --device-model against experiments.plan's --device_model (issue 63
+    item 5): a command copied from one to the other runs either way."""
+    from crossover_tf_planner import cli
+    dashed = cli._parser().parse_args(["recommend", "a.json", "b.json", "--device-model", "cpu",
+                                       "--min-gain", "0.1", "--link-contention", "c.json"])
+    underscored = cli._parser().parse_args(["recommend", "a.json", "b.json", "--device_model",
+                                            "cpu", "--min_gain", "0.1", "--link_contention",
+                                            "c.json"])
+    assert vars(dashed) == vars(underscored)
+    assert (underscored.device_model, underscored.min_gain) == ("cpu", 0.1)
