@@ -55,8 +55,9 @@ def refuse_every_interface(address: str) -> None:
     if unspecified:
         raise ValueError(f"crossover_tf.launch: --address {address} would let anyone who "
                          "reaches this machine run graphs as this user: give the address the "
-                         "tasks listen on (127.0.0.1 for one machine), or say "
-                         "--listen_on_all_interfaces on a trusted network")
+                         "tasks listen on (127.0.0.1 for one machine); to listen on every "
+                         f"interface on a trusted network, drop --address {address} and pass "
+                         "--listen_on_all_interfaces alone")
 
 
 def bind_guard_env(address: str, env: Mapping[str, str], own_user_only: bool = False

@@ -30,8 +30,8 @@ def _flag_parser() -> argparse.ArgumentParser:
                                      description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--job", default="", help="this job's name on the lease (`lease status` shows it)")
-    add("--group", default="", help="the crossover group shared with the peer job on the same "
-        "devices; empty: plain data parallelism, no lease")
+    add("--group", default=None, help="the crossover group shared with the peer job on the "
+        "same devices (default: $CROSSOVER_GROUP; empty: plain data parallelism, no lease)")
     add("--group_jobs", type=int, default=2, help="how many jobs the group has (1: alone)")
     add("--join_timeout_s", type=float, default=120.0,
         help="the longest this job waits at start for the group's other jobs")

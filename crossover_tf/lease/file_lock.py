@@ -28,7 +28,10 @@ def flock_within(file: int | IO, timeout_s: float, poll_s: float = POLL_S) -> bo
 
 def flock_holder(fd: int, proc_locks: str = PROC_LOCKS) -> int | None:
     """The pid holding a flock on fd's file, from the kernel's table (not a pid written in the
-    file, which whoever could open it may have chosen); None where it cannot be told."""
+    file, which whoever could open it may have chosen); None where it cannot be told. Where
+    the table's device is not the one fstat reports (btrfs subvolumes, overlayfs in some
+    containers) the holder cannot be told, and a waiter falls back to its bounded wait: an
+    inode alone could name another file's holder and refuse wrongly."""
     st = os.fstat(fd)
     wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
     try:

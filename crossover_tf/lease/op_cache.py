@@ -132,6 +132,9 @@ def _trusted(root: pathlib.Path, name: str = "", create: bool = False) -> pathli
         return trusted_path.trusted_dir(root / name, create=create)
     except trusted_path.UntrustedPathError as err:
         _refuse_untrusted(root, err.problem)
+    except NotADirectoryError as err:  # a component on the path is a file, not a folder
+        raise OpBuildError(f"the op library cache {root} cannot be used: {err}; set "
+                           "CROSSOVER_CACHE to a folder") from err
     except OSError as err:
         raise OpBuildError(f"cannot create the op library cache {root} ({err}); set "
                            "CROSSOVER_CACHE to a folder this user can write") from err

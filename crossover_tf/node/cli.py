@@ -103,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "exporter":
             address, port = listen_on(args)
             if not 0 < port < 65536:
-                raise ValueError(f"--port must be in 1-65535, got {port}")
+                given = "--web.listen-address" if args.web_listen_address else "--port"
+                raise ValueError(f"{given} must be in 1-65535, got {port}")
             # Checked before anything is served: never a refusal at scrape time.
             web = load_web_config(args.web_config_file) if args.web_config_file else None
             warning = check_exposure(address, web, args.insecure)

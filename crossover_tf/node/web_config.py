@@ -14,7 +14,9 @@ serve them all (docs/exporter.md, "Who may read the metrics"):
     basic_auth_users:
       prometheus: $2b$12$...     # a bcrypt hash of the password, never the password
 
-Everything is checked when the file is loaded, never at scrape time: an unknown key (a typo
+Everything is checked when the file is loaded (at start, and again when it changes: the one
+request that finds it changed pays for the re-read, a bcrypt per user and the decoy's), never
+on a scrape that finds it unchanged: an unknown key (a typo
 would otherwise silently turn protection off), a toolkit key this exporter does not implement,
 a missing or unreadable file, a key that does not match its certificate, a client-auth policy
 without its CA (or a CA without a policy), client_allowed_sans without required client
@@ -545,6 +547,9 @@ class LiveWebConfig:
             self._reload()
 
     def _reload(self) -> None:
+        # Taken before reading: a file written while it is read (a certificate, then its key)
+        # differs from this next time and is read again, never taken as seen.
+        seen = _signature(self._web)
         try:
             new = load(self._web.path)
         except WebConfigError as err:
@@ -557,7 +562,7 @@ class LiveWebConfig:
             else:
                 _say(f"{new.path}: not re-read: {problem}; the web config in force is kept "
                      f"(restart the exporter to change it)")
-        self._seen = _signature(self._web)
+        self._seen = seen
 
 
 # --- serving ------------------------------------------------------------------------------

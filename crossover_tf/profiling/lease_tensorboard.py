@@ -63,22 +63,27 @@ class LeaseTensorBoard(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         record = self._timer.end()
+        self._timer.records.clear()  # only the sums are kept: a long fit grows nothing
         for key in SUMMED:
             self._sums[key] += record[key]
         self._steps += 1
         if self._steps % self.log_every == 0:
-            self._write(self._steps - 1)
+            self._write(self._steps - 1, self.log_every)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        left = self._steps % self.log_every
+        if left:  # the last steps short of a whole window: written as their own mean
+            self._write(self._steps - 1, left)
         if self._writer is not None:
             self._writer.flush()
 
-    def _write(self, step: int) -> None:
+    def _write(self, step: int, steps: int) -> None:
+        """The mean over the `steps` steps summed since the last write, at `step`."""
         sums, self._sums = self._sums, dict.fromkeys(SUMMED, 0.0)
         if self._writer is None:
             return
         with self._writer.as_default(step=step):
-            tf.summary.scalar("lease_wait_s", sums["lease_wait_s"] / self.log_every)
-            tf.summary.scalar("lease_hold_s", sums["lease_hold_s"] / self.log_every)
+            tf.summary.scalar("lease_wait_s", sums["lease_wait_s"] / steps)
+            tf.summary.scalar("lease_hold_s", sums["lease_hold_s"] / steps)
             tf.summary.scalar("lease_held_share",
                               sums["lease_hold_s"] / max(sums["step_time_s"], 1e-12))

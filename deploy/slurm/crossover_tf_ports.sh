@@ -11,26 +11,28 @@
 #
 # prolog_slurmd (root, on every node of the allocation, before the job): an nftables table
 #   crossover_tf_job_<id> that, for the job's port block,
-#   - drops what arrives from any host outside the allocation (input: source not one of the
-#     job's nodes' addresses nor loopback), and
-#   - drops what any other user's process on this node sends there (output: socket owner not
-#     the job's uid), locally or to another of the job's nodes (whose own table drops the
-#     rest): only the job's user on the job's nodes reaches the job's servers.
+#   - drops new connections from any host outside the allocation (input: source not one of the
+#     job's nodes' addresses nor loopback; replies to this node's own connections pass), and
+#   - refuses what any other user's process on this node opens to it, locally or on another of
+#     the job's nodes (output: destination loopback or one of the job's nodes, socket owner not
+#     the job's uid; that node's own table drops the rest): only the job's user on the job's
+#     nodes reaches the job's servers, and the same port numbers elsewhere stay free to all.
 # epilog_slurmd (root, after the job): removes that table.
 # prolog_task (the job's user, before each task): prints `export CROSSOVER_TF_PORT_BASE=...`,
 #   so that every step's ranks take their ports inside the fenced block (crossover_tf reads it:
 #   crossover_tf/_communication/tensorflow.py, slurm_port_base); step s gets 16 ports at
 #   block + 16 * (s % 4): up to 16 ranks a node, and the two steps of a crossover pair apart.
 #
-# The block is 64 ports, 20000 + 64 * (job id % 625): two jobs on one node meet only when
-# their ids are 625 apart. Needs nft (Debian's nftables) and getent on every node.
+# The block is 64 ports, 10000 + 64 * (job id % 355), all below Linux's ephemeral range
+# (ip_local_port_range starts at 32768), so no node's outgoing connections take its ports:
+# two jobs on one node meet only when their ids are 355 apart. Needs nft (Debian's nftables) and getent on every node.
 # CROSSOVER_TF_PORTS_DRY_RUN=1 prints the rules instead of loading them.
 set -euo pipefail
 
 BLOCK_PORTS=64
 STEP_PORTS=16
 
-block_start() { echo $((20000 + BLOCK_PORTS * ($1 % 625))); }
+block_start() { echo $((10000 + BLOCK_PORTS * ($1 % 355))); }
 
 # The IPv4 or IPv6 ($1: ahostsv4 or ahostsv6) addresses of the allocation's nodes, comma-
 # separated (empty: none).
@@ -41,10 +43,18 @@ node_addresses() {
     getent "$1" $hosts | awk '{print $1}' | sort -u | paste -sd, -
 }
 
-# One family's input rule: from a source outside the set (and not loopback), dropped.
+# One family's input rule: a new connection from a source outside the set (and not
+# loopback), dropped.
 input_rule() {
     local family=$1 loopback=$2 addresses=$3 ports=$4
-    echo "tcp dport $ports $family saddr != { $loopback${addresses:+, $addresses} } drop"
+    echo "tcp dport $ports ct state new $family saddr != { $loopback${addresses:+, $addresses} } drop"
+}
+
+# One family's output rule: another user's connection to the job's nodes (or loopback),
+# refused.
+output_rule() {
+    local family=$1 loopback=$2 addresses=$3 ports=$4 uid=$5
+    echo "tcp dport $ports $family daddr { $loopback${addresses:+, $addresses} } meta skuid != $uid reject with tcp reset"
 }
 
 rules() {
@@ -60,7 +70,8 @@ table inet crossover_tf_job_$job {
     }
     chain output {
         type filter hook output priority filter - 1; policy accept;
-        tcp dport $ports meta skuid != $uid reject with tcp reset
+        $(output_rule ip 127.0.0.0/8 "$(node_addresses ahostsv4)" "$ports" "$uid")
+        $(output_rule ip6 ::1 "$(node_addresses ahostsv6)" "$ports" "$uid")
     }
 }
 EOF

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 typedef int (*bind_fn)(int, const struct sockaddr*, socklen_t);
@@ -223,6 +224,10 @@ static int ask_kernel(const struct diag_request* request) {
     warn_unanswered();
     return 0;
   }
+  /* Bounded: this runs inside accept(), on the server's poller thread; a kernel that never
+   * answers (it does not happen, but nothing else bounds it) refuses the one connection. */
+  const struct timeval bound = {1, 0};
+  (void)setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
   long reply[1024];  /* aligned for struct nlmsghdr */
   ssize_t got = -1;
   if (send(nl, request, sizeof *request, 0) == (ssize_t)sizeof *request) {

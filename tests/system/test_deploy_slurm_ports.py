@@ -19,7 +19,7 @@ from experiments.cluster import shell
 from lease_helpers import OUTSIDER_UID, as_user, can_switch_users
 
 SCRIPT = REPO_ROOT / "deploy" / "slurm" / "crossover_tf_ports.sh"
-JOB_ID, BLOCK = 7, 20000 + 64 * 7  # the job's 64-port block: 20448-20511
+JOB_ID, BLOCK = 7, 10000 + 64 * 7  # the job's 64-port block: 10448-10511
 NODE_SIDE, OUTSIDE = "198.19.253.1", "198.19.253.2"  # benchmarking range, unused by the cluster
 NETNS_OK, NETNS_REASON = shell.netns_usable()
 
@@ -120,6 +120,10 @@ def test_the_prolog_fences_the_jobs_block_to_its_user_and_nodes():
             # Past the block: nothing of the job's, nothing fenced.
             assert _connect(node, "127.0.0.1", BLOCK + 64, OUTSIDER_UID) == "CONNECTED"
             assert _connect(outsider, NODE_SIDE, BLOCK + 64) == "CONNECTED"
+        # The block's port numbers on a host outside the allocation stay free to every user of
+        # the node (the fence is for the job's nodes only).
+        with _listening(outsider, BLOCK):
+            assert _connect(node, OUTSIDE, BLOCK, OUTSIDER_UID) == "CONNECTED"
         subprocess.run(["ip", "netns", "exec", node, "bash", str(SCRIPT)], check=True,
                        timeout=30, env={**os.environ, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd",
                                         "SLURM_JOB_ID": str(JOB_ID)})

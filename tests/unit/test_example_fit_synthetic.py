@@ -21,6 +21,9 @@ def test_flags_parse_as_the_planner_appends_them() -> None:
             "batch_size", "lease_dir", "job"} <= set(fit_synthetic.FLAG_NAMES)
     with pytest.raises(SystemExit):
         fit_synthetic.parse_flags(["--steps=0"])
+    # No --group: the strategy reads $CROSSOVER_GROUP (a launcher's); --group= means none.
+    assert fit_synthetic.parse_flags([]).group is None
+    assert fit_synthetic.parse_flags(["--group="]).group == ""
 
 
 @pytest.mark.slow

@@ -434,3 +434,6 @@ def test_a_listen_address_beyond_loopback_is_refused_unprotected_and_a_bad_one_n
     assert every.returncode == 2 and "--web.config.file" in every.stderr, every
     bad = run_exporter(tmp_path, "--web.listen-address", "localhost")
     assert bad.returncode == 2 and "HOST:PORT" in bad.stderr, bad
+    too_far = run_exporter(tmp_path, "--web.listen-address", "127.0.0.1:70000")
+    assert too_far.returncode == 2, too_far
+    assert "--web.listen-address must be in 1-65535" in too_far.stderr, too_far

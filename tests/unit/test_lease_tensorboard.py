@@ -36,7 +36,8 @@ def run_steps(callback, steps: int) -> None:
     callback.on_train_end()
 
 
-@pytest.mark.parametrize("log_every, written", [(1, [0, 1, 2, 3, 4, 5]), (3, [2, 5])])
+@pytest.mark.parametrize("log_every, written", [(1, [0, 1, 2, 3, 4, 5]), (3, [2, 5]),
+                                                (4, [3, 5])])
 def test_lease_scalars_are_written_with_sane_values(tmp_path, log_every, written):
     from crossover_tf import LeaseTensorBoard
     run_steps(LeaseTensorBoard(fake_strategy(), tmp_path, log_every=log_every), 6)
@@ -48,6 +49,17 @@ def test_lease_scalars_are_written_with_sane_values(tmp_path, log_every, written
             assert value == pytest.approx(per_step)
     for _, share in scalars["lease_held_share"]:  # each step took STEP_S and some overhead
         assert 0 < share < HOLD_S / STEP_S * 1.01
+
+
+def test_a_long_fit_keeps_no_per_step_record(tmp_path):
+    """Only the window's sums are kept: StepTimer's records would grow with every step."""
+    from crossover_tf import LeaseTensorBoard
+    callback = LeaseTensorBoard(fake_strategy(), tmp_path, log_every=5)
+    callback.on_train_begin()
+    for batch in range(50):
+        callback.on_train_batch_begin(batch)
+        callback.on_train_batch_end(batch)
+    assert callback._timer.records == []
 
 
 def test_a_second_fit_goes_on_counting_steps_and_skips_the_gap(tmp_path):
