@@ -149,6 +149,9 @@ class LinkTurnOptions:
 BACKENDS = ("horovod", "tensorflow")
 # What CommunicationOptions.backend takes: a library by name, or "auto" (resolve_backend).
 BACKEND_CHOICES = ("auto", *BACKENDS)
+# A custom loop's gradient buckets (CommunicationOptions.bucket_bytes): at 200 Mbit/s one takes
+# ~0.17 s on the wire, so the part left exposed after the backward pass is about one bucket.
+DEFAULT_BUCKET_BYTES = 4 << 20
 # What a launcher of Horovod ranks puts in each rank's environment: horovodrun's Gloo mode
 # sets HOROVOD_RANK; its MPI mode starts the ranks with mpirun, whose ranks have Open MPI's
 # OMPI_COMM_WORLD_RANK or MPICH's and Intel MPI's PMI_RANK. Slurm's srun --mpi=pmi2 sets
@@ -220,6 +223,13 @@ class CommunicationOptions:
       collective_timeout_s: the tensorflow backend's longest wait in one collective (a peer
         that died fails the job after it instead of hanging it), and its ranks' longest wait
         for each other at exit.
+      bucket_bytes: in a traced custom-loop step (strategy.gradient_tape, or the optimizer's
+        reduction inside strategy.run), the gradients' allreduce goes in buckets of about this
+        many bytes, each started as soon as its gradients exist, while the backward pass still
+        computes (as Horovod's tape overlaps them); the device is yielded when the backward
+        pass ends and only the rest of the allreduce is left to the peer. 0: one grouped
+        allreduce after the whole backward pass (the Keras train step's, whose compute is one
+        XLA cluster that hands out all its gradients at once).
     """
     backend: str = "auto"
     compression: Any = None
@@ -227,8 +237,14 @@ class CommunicationOptions:
     init_horovod: bool = True
     cluster_resolver: Any = None
     collective_timeout_s: float = 600.0
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
     def __post_init__(self) -> None:
+        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) \
+                or self.bucket_bytes < 0:
+            raise ValueError(f"crossover_tf: CommunicationOptions.bucket_bytes must be a whole "
+                             f"number >= 0 (0: one allreduce after the backward pass), got "
+                             f"{self.bucket_bytes!r}")
         if self.backend not in BACKEND_CHOICES:
             raise ValueError(f"crossover_tf: CommunicationOptions.backend must be one of "
                              f"{BACKEND_CHOICES}, got {self.backend!r}")

@@ -122,6 +122,11 @@ class DeviceHold:
         with tf.control_dependencies(written):
             self.lease.yield_device(tf.constant(0), reserve_s=self.reserve_s)
 
+    @property
+    def traced(self) -> bool:
+        """Whether the hold is being traced into a graph (else it runs eagerly)."""
+        return self._graph is not None
+
     def yield_for(self, tensors: list[Any]) -> list[Any]:
         """Passes gradients through a yield that waits for everything written so far."""
         if self.lease is None:
@@ -133,14 +138,26 @@ class DeviceHold:
         self._mark = len(self._graph.get_operations())
         return tensors
 
-    def acquire_after(self, tensors: list[Any]) -> list[Any]:
-        """Passes the reduced gradients through the re-acquire; what follows waits for it."""
+    def yield_when_written(self) -> Any:
+        """In a trace: a yield that waits for everything written so far and passes nothing
+        through, so the collectives written after it may start before it (reduce_yielded's
+        overlap); returns the yield's output, for the re-acquire to wait on."""
+        with tf.control_dependencies(self._written()):
+            token = self.lease.yield_device(tf.constant(0))
+        self._mark = len(self._graph.get_operations())
+        return token
+
+    def acquire_after(self, tensors: list[Any], yielded: Any = None) -> list[Any]:
+        """Passes the reduced gradients through the re-acquire (which also waits for yielded,
+        the mid-step yield, when the gradients did not go through it); what follows waits for
+        it."""
         if self.lease is None:
             return tensors
         if self._graph is not None:  # the ops since the yield are the tape's own allreduce
             self._exempt.update(op.name for op in self._graph.get_operations()[self._mark:])
-        tensors = map_present(lambda ts: self.lease.acquire(ts, tag=lease_lib.TAG_APPLY),
-                              tensors)
+        with tf.control_dependencies([] if yielded is None else [yielded]):
+            tensors = map_present(lambda ts: self.lease.acquire(ts, tag=lease_lib.TAG_APPLY),
+                                  tensors)
         if self._graph is None:
             return tensors
         present = [t for t in tensors if t is not None]
@@ -181,15 +198,43 @@ class DeviceHold:
 
 def reduce_yielded(tensors: list[Any], reduce: Any) -> list[Any]:
     """reduce(tensors) with this thread's hold (if any) yielded around it: yield -> reduce ->
-    re-acquire, so no collective runs with the device held. The tape's allreduce and the
-    reductions inside strategy.run both go through it."""
+    re-acquire, so the device is never held while the step waits on the network. The tape's
+    allreduce and the reductions inside strategy.run both go through it.
+
+    reduce(tensors, overlap) says whether its collectives may start before the yield. In a
+    traced hold they may (overlap=True): the yield waits for every op written so far (the
+    forward and backward passes, the metrics) but not for the collectives, which are written
+    after it and consume the gradients as they come, so a bucket's allreduce runs on the
+    network while the backward pass computes the next; the re-acquire waits for the yield
+    and the reduced values. Eagerly, program order is the order (overlap=False)."""
     hold = innermost_hold()
-    if hold is not None:
-        tensors = hold.yield_for(tensors)
-    tensors = reduce(tensors)
-    if hold is not None:
-        tensors = hold.acquire_after(tensors)
-    return tensors
+    if tf.executing_eagerly():
+        return reduce(tensors, False) if hold is None else hold.acquire_after(
+            reduce(hold.yield_for(tensors), False))
+    if hold is None or hold.lease is None:  # nothing to yield
+        return _reduce_in_parallel(tensors, reduce)
+    if not hold.traced:  # a hold opened eagerly around a traced reduction: in program order
+        return hold.acquire_after(reduce(hold.yield_for(tensors), False))
+    yielded = hold.yield_when_written()
+    return hold.acquire_after(_reduce_in_parallel(tensors, reduce), yielded)
+
+
+def _reduce_in_parallel(tensors: list[Any], reduce: Any) -> list[Any]:
+    """reduce(tensors, True) traced so that its stateful ops (the link turn's wait, a
+    TensorFlow collective) run when their inputs exist. tf.function otherwise chains every
+    stateful op that takes no resource in program order (auto_control_deps), which would make
+    each bucket's collective wait for the mid-step yield written before it, and each bucket
+    for the one before: no overlap. Their order is the data flow: gradients -> turn wait ->
+    buckets -> turn done -> re-acquire (which also waits for the yield)."""
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    reduced = reduce(tensors, True)
+    manager = getattr(graph, "experimental_acd_manager", None)
+    if manager is not None:
+        for op in graph.get_operations()[first:]:
+            if op._is_stateful:
+                manager.run_independently(op)
+    return reduced
 
 
 def _created_outside_the_hold(next_creator: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,9 @@
 
 Its gradient() runs the middle of the step protocol inside the loop's hold
 (`_hold/custom_loop.DeviceHold`): yield -> allreduce in the job's link turn -> re-acquire, the
-same verbs as the Keras train step (StepProtocol.allreduce_gradients_in_turn).
+same verbs as the Keras train step (StepProtocol.allreduce_gradients_in_turn). Traced, the
+allreduce goes in buckets that start while the backward pass runs, as Horovod's tape's do
+(custom_loop.reduce_yielded).
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ NOT_TAKEN = {
     "device_dense": "the allreduce runs where CommunicationOptions(allreduce_on=...) puts it",
     "device_sparse": "sparse gradients are densified, as sparse_as_dense=True does",
     "gradient_predivide_factor": "the gradients are averaged in one step, as op=hvd.Average",
-    "num_groups": "all gradients go in one grouped allreduce, which the link turn orders",
-    "groups": "all gradients go in one grouped allreduce, which the link turn orders",
+    "num_groups": "the gradients go in buckets of CommunicationOptions(bucket_bytes=...)",
+    "groups": "the gradients go in buckets of CommunicationOptions(bucket_bytes=...)",
     "process_set": "the job's ranks are its one process set",
     "scale_local_gradients": "every variable is reduced over the job's ranks",
 }
@@ -94,5 +96,6 @@ class CrossoverGradientTape:
                 "allreduce does not")
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = [None if g is None else tf.convert_to_tensor(g) for g in tf.nest.flatten(grads)]
-        flat = reduce_yielded(flat, self._protocol.allreduce_gradients_in_turn)
+        flat = reduce_yielded(flat, lambda ts, overlap: self._protocol.allreduce_gradients_in_turn(
+            ts, overlap=overlap))
         return tf.nest.pack_sequence_as(grads, flat)

@@ -84,27 +84,40 @@ class StepProtocol:
         return DeviceHold(self.lease, self.step_end_reserve_s)
 
     # ----- the allreduce ---------------------------------------------------------------------
-    def allreduce_gradients(self, grads: Sequence[Any], mean: bool = True) -> list[Any]:
-        """Averages (mean=False: sums) gradients over the job's ranks (one grouped allreduce;
-        None stays None), and notes that this step synchronised its gradients
-        (gradient_sync: an optimizer update without it is refused). A collective: call it with
-        the device yielded."""
+    def allreduce_gradients(self, grads: Sequence[Any], mean: bool = True,
+                            bucket_bytes: int = 0) -> list[Any]:
+        """Averages (mean=False: sums) gradients over the job's ranks (bucket_bytes=0: one
+        grouped allreduce; else in buckets, Communicator.allreduce_gradients; None stays None),
+        and notes that this step synchronised its gradients (gradient_sync: an optimizer update
+        without it is refused). A collective: call it with the device yielded, or as
+        allreduce_gradients_in_turn(overlap=True) says."""
         gradient_sync.note_synchronized(self)
-        return self.comm.allreduce_gradients(grads, self.allreduce_device, mean)
+        return self.comm.allreduce_gradients(grads, self.allreduce_device, mean, bucket_bytes)
 
-    def allreduce_gradients_in_turn(self, grads: Sequence[Any], mean: bool = True) -> list[Any]:
+    def allreduce_gradients_in_turn(self, grads: Sequence[Any], mean: bool = True,
+                                    overlap: bool = False) -> list[Any]:
         """allreduce_gradients, after the other jobs' earlier allreduces when the job takes
         link turns (joining them on first use). The Keras step, the custom loop's tape and the
         optimizer's reduction inside strategy.run call it between their yield and re-acquire,
-        so the join, a collective of the job's ranks, never runs with the device held."""
+        so the join, a collective of the job's ranks, never runs with the device held.
+
+        overlap (a traced custom-loop step, _hold.custom_loop.reduce_yielded): the buckets of
+        CommunicationOptions.bucket_bytes, each free to start once its gradients exist, while
+        the backward pass still runs with the device held: the collectives run on the
+        backend's threads, the step's own threads keep computing, and the device is yielded
+        when the backward pass ends whatever the network's state. The link turn's wait gates
+        every bucket and starts with the first gradient the backward pass makes (the last
+        variable's), so the jobs' allreduces stay in turn."""
+        bucket_bytes = self.communication.bucket_bytes if overlap else 0
         link_turn = self.link_turn
         if link_turn is None:
-            return self.allreduce_gradients(grads, mean)
+            return self.allreduce_gradients(grads, mean, bucket_bytes)
         with tf.init_scope():  # traced in a tf.function: join now, eagerly, not in the graph
             if not link_turn.joined:
                 self.join_link_turn()
-        grads = map_present(link_turn.wait, list(grads))
-        return map_present(link_turn.done, self.allreduce_gradients(grads, mean))
+        grads = (_gated(link_turn.wait, list(grads)) if bucket_bytes
+                 else map_present(link_turn.wait, list(grads)))
+        return map_present(link_turn.done, self.allreduce_gradients(grads, mean, bucket_bytes))
 
     # ----- the link turn's life --------------------------------------------------------------
     def join_link_turn(self) -> None:
@@ -174,3 +187,15 @@ class StepProtocol:
 
     def link_turn_timeline(self) -> np.ndarray | None:
         return self.link_turn.timeline() if self.link_turn is not None else None
+
+
+def _gated(wait: Callable[[list[Any]], list[Any]], grads: list[Any]) -> list[Any]:
+    """grads, each made to wait (a control dependency) for wait() on the last present one: the
+    first the backward pass makes. Gating each gradient apart keeps the buckets free to start
+    one by one once the wait returns."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return grads
+    gate = wait([present[-1]])[0]
+    with tf.control_dependencies([gate]):
+        return [None if g is None else tf.identity(g) for g in grads]

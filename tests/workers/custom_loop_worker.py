@@ -6,11 +6,13 @@ only in the crossing lines. With --misuse (one process) it tries the mistakes th
 refuse and records each error.
 
   custom_loop_worker.py OUT [--group G] [--plain] [--steps N] [--barrier DIR:N] [--misuse]
-                        [--link_turn POSITION] [--in_run]
+                        [--link_turn POSITION] [--in_run] [--bucket_bytes B]
 
 With --link_turn the crossed loop also takes link turns: its tape joins them on its first
 allreduce, as no Keras step runs to do it. With --in_run the crossed step runs inside
-strategy.run, and the worker records the DeprecationWarnings crossover_tf gave.
+strategy.run, and the worker records the DeprecationWarnings crossover_tf gave. The crossed
+loop also records how its traced step orders the mid-step yield and the gradient allreduce's
+collectives (overlap_structure), with --bucket_bytes as CommunicationOptions.bucket_bytes.
 """
 from __future__ import annotations
 
@@ -42,6 +44,33 @@ def crossed_step(strategy, model, optimizer, loss_fn, in_run: bool = False):
     if in_run:
         return tf.function(lambda x, y: strategy.run(step, args=(x, y)))
     return tf.function(step)
+
+
+def overlap_structure(graph) -> dict:
+    """How a traced crossed step orders its mid-step yield (the step's first
+    CrossoverYieldLease) and its gradient collectives: how many collectives, whether the yield
+    waits for any of them (the device held while waiting on the network) and whether any of
+    them waits for the yield (no overlap with the backward pass)."""
+    from crossover_tf._hold.custom_loop import COLLECTIVE_OPS
+    ops = graph.get_operations()
+    collectives = [op for op in ops if op.type in COLLECTIVE_OPS]
+    mid_yield = next(op for op in ops if op.type == "CrossoverYieldLease")
+
+    def ancestors(op) -> set:
+        seen, todo = set(), [op]
+        while todo:
+            current = todo.pop()
+            for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+                if parent.name not in seen:
+                    seen.add(parent.name)
+                    todo.append(parent)
+        return seen
+
+    before_yield = ancestors(mid_yield)
+    return {"collectives": len(collectives),
+            "yield_waits_for_collective": any(c.name in before_yield for c in collectives),
+            "collective_waits_for_yield": any(mid_yield.name in ancestors(c)
+                                              for c in collectives)}
 
 
 def plain_communicator(backend: str):
@@ -138,6 +167,8 @@ def main() -> None:
                         help="LinkTurnOptions.position (-1: no link turns)")
     parser.add_argument("--in_run", action="store_true",
                         help="the crossed step inside strategy.run (the 2026-12-04 port)")
+    parser.add_argument("--bucket_bytes", type=int, default=None,
+                        help="CommunicationOptions.bucket_bytes (default: its own)")
     args = parser.parse_args()
 
     import crossover_tf
@@ -146,8 +177,9 @@ def main() -> None:
     strategy = None if args.plain else crossover_tf.CrossoverStrategy(
         args.group, lease=crossover_tf.LeaseOptions(jobs=args.jobs, timeout_s=60),
         link_turn=link_turn,
-        communication=crossover_tf.CommunicationOptions(backend=args.backend,
-                                                        collective_timeout_s=120))
+        communication=crossover_tf.CommunicationOptions(
+            backend=args.backend, collective_timeout_s=120,
+            **({} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes})))
     comm, average = plain_communicator(args.backend) if strategy is None else (None, None)
     rank, size = (comm.rank, comm.size) if strategy is None else (strategy.rank, strategy.size)
     keras.utils.set_random_seed(7 + rank)  # different init per rank: the broadcast fixes it
@@ -183,6 +215,8 @@ def main() -> None:
                                     if issubclass(w.category, DeprecationWarning)
                                     and "crossover_tf" in str(w.message)])
         if strategy is not None and strategy.is_crossover:
+            if not args.in_run:
+                result["overlap"] = overlap_structure(step.get_concrete_function(x, y).graph)
             result["lease_stats"] = strategy.lease_stats()
             result["timeline"] = strategy.lease_timeline().tolist()
         if strategy is not None and strategy.taking_link_turns:
