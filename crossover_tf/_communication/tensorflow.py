@@ -13,13 +13,24 @@ runs one CollectiveReduceV2 per dtype, as Horovod's tensor fusion does. Collecti
 memory unless the caller names a GPU (allreduce_on="host" is what a crossover group on a GPU
 uses anyway; options refuses "device" for this backend rather than ignore it).
 
-The ranks leave together (_leave_together, at exit). TensorFlow's coordination service, on
-task 0, takes a task that stops sending heartbeats for one that crashed, and a task whose
-leader is gone fails its next heartbeat; both log it as an error (`E... tasks are unhealthy`,
+The ranks leave together, the leader last (_leave_together, at exit). TensorFlow's
+coordination service, on the leader (task 0), takes a task that sent no heartbeat for its
+heartbeat timeout for one that crashed, and a task whose leader is gone fails its next
+heartbeat (every half timeout); both log it as an error (`E... tasks are unhealthy`,
 `Connection refused`) even when every rank succeeded. Python exits without shutting the
-service's agent down, so a rank done well before its peers (rank 0 saving a model, say) made
-every such run end with those lines. A rank that leaves on an uncaught exception does not wait:
-its peers then fail at once, naming it, as before.
+service's agent down (TensorFlow has no call for it), so a task's heartbeats stop only when its
+process ends, and a rank done well before its peers (rank 0 saving a model, say) made every
+such run end with those lines. Meeting at exit was not enough: a process's teardown after the
+meeting is seconds of garbage collection (2 to 37 s seen on 2 busy cores), and when two ended
+more than a heartbeat apart the lines came back (3 of 19 runs). So every rank meets the others
+at exit, then the leader waits until every other task's process has ended (its server refuses
+connections) and only then ends its own: no task heartbeats to a leader that is gone. The
+heartbeat timeout is 60 s (TensorFlow's default is 10 s), so the leader's own teardown after
+the last peer's end has at least 30 s before the service would take that peer for crashed. A
+peer that hangs is still caught by the collectives' timeout, and by the heartbeat within a
+minute (a rank whose peer died outside any collective waits at the exit meeting up to that
+minute, not 10 s). A rank that leaves on an uncaught exception does not wait: its peers then
+fail at once, naming it, as before.
 
 What every rank must do alike: TensorFlow matches collectives by instance key, and the keys
 come from a counter as each rank builds its collectives, as MultiWorkerMirroredStrategy's do
@@ -36,7 +47,9 @@ import copy
 import itertools
 import os
 import pickle
+import socket
 import sys
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -54,6 +67,11 @@ from crossover_tf._communication.communicator import Communicator
 _HOST_GROUP_KEY, _GPU_GROUP_KEY = 1, 2
 _COORDINATED_JOBS = ("chief", "worker")
 _EXIT_BARRIER = "crossover_tf/exit"
+# The coordination service takes a task that sent no heartbeat for this long for a crashed one
+# (its agent sends one every half of it). TensorFlow's 10 s let a rank's teardown at exit,
+# seconds long on a busy machine, outlast it (module docstring).
+_HEARTBEAT_TIMEOUT_S = 60.0
+_EXIT_PROBE_S = 0.05  # how often the leader looks, at exit, whether the others have ended
 
 
 class ClusterError(RuntimeError):
@@ -127,12 +145,19 @@ class TensorFlowCommunicator(Communicator):
         self._task = (task_type, int(task_id))
         self._server = ((resolver, spec, task_type, task_id, self.timeout_s)
                         if self._size > 1 else None)
+        # The coordination service's leader outlives the other tasks at exit: their addresses.
+        self._outlive: list[str] = []
+        leader = multi_worker_util.coordination_leader(spec)
+        if leader == f"/job:{task_type}/replica:0/task:{task_id}":
+            self._outlive = [address for job in _COORDINATED_JOBS if job in spec.jobs
+                             for i, address in enumerate(spec.job_tasks(job))
+                             if (job, i) != self._task]
 
     def start(self) -> None:
         if self._server is not None:
             _start_server(*self._server)
             self._server = None
-            atexit.register(_leave_together, os.getpid(), self.timeout_s)
+            atexit.register(_leave_together, os.getpid(), self.timeout_s, self._outlive)
 
     def __repr__(self) -> str:
         return f"TensorFlowCommunicator(rank={self.rank}, size={self.size})"
@@ -223,12 +248,14 @@ class TensorFlowCommunicator(Communicator):
                 timeout_seconds=self.timeout_s, name=name)
 
 
-def _leave_together(pid: int, timeout_s: float) -> None:
+def _leave_together(pid: int, timeout_s: float, outlive: Sequence[str] = ()) -> None:
     """At exit: waits (up to timeout_s, the collectives' own bound) until every rank of the job
-    is exiting too, so that no task outlives another by a heartbeat: the coordination service
-    then logs no error on a run that succeeded (module docstring). A rank failing with an
-    uncaught exception leaves at once instead: its peers, perhaps waiting for it in a
-    collective, fail now, naming it, rather than after the timeout."""
+    is exiting too; then the coordination service's leader (outlive: the other tasks'
+    addresses) waits until the others' processes have ended, so that it ends last: the service
+    then logs no error on a run that succeeded (module docstring). That wait is bounded by the
+    heartbeat timeout too (a forked child holding a peer's listening socket would keep it
+    open). A rank failing with an uncaught exception leaves at once instead: its peers, perhaps
+    waiting for it in a collective, fail now, naming it, rather than after the timeout."""
     if os.getpid() != pid:  # a forked child that inherited the hook is no rank
         return
     if getattr(sys, "last_value", None) is not None:  # set before atexit runs, by the traceback
@@ -238,6 +265,30 @@ def _leave_together(pid: int, timeout_s: float) -> None:
     except Exception as err:  # a peer that failed, is gone or is late: leave anyway
         logging.warning("crossover_tf: leaving without every rank (waited at exit up to %s s: "
                         "%s)", timeout_s, (str(err).splitlines() or [type(err).__name__])[0])
+        return
+    bound_s = min(timeout_s, _HEARTBEAT_TIMEOUT_S)
+    deadline = time.monotonic() + bound_s
+    pending = list(outlive)
+    while pending:
+        pending = [address for address in pending if _still_running(address)]
+        if pending and time.monotonic() > deadline:
+            logging.warning("crossover_tf: leaving before the tasks at %s ended (waited at exit "
+                            "%s s)", ", ".join(pending), bound_s)
+            return
+        if pending:
+            time.sleep(_EXIT_PROBE_S)
+
+
+def _still_running(address: str) -> bool:
+    """Whether the task at address ("host:port") still runs: its server accepts a connection
+    (closed at once, nothing sent). Its process ends with its server: TensorFlow never stops
+    one. Refused, or a host that cannot be reached: it has ended, or cannot be watched."""
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+            return True
+    except OSError:
+        return False
 
 
 def _placement(device: str | None) -> tuple[str, int]:
@@ -273,6 +324,7 @@ def _start_server(resolver: Any, spec: Any, task_type: str, task_id: int,
             # Its default is an hour: a peer that never starts (a wrong TF_CONFIG) must fail
             # the job within the collectives' own timeout instead.
             cluster_register_timeout_in_ms=int(timeout_s * 1000),
+            heartbeat_timeout_in_ms=int(_HEARTBEAT_TIMEOUT_S * 1000),
             coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
                 name=job, num_tasks=spec.num_tasks(job))
                 for job in _COORDINATED_JOBS if job in spec.jobs])

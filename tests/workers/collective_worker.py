@@ -1,14 +1,17 @@
 """One rank of a TensorFlow-collectives job for tests/multiprocess/test_tensorflow_backend.py:
 allreduces in a loop through the runtime's communicator; rank 1 dies (or stops, or raises) at
 step 5 when asked, and rank 0 reports how its collective ended and after how long. With
---linger_rank R, rank R stays --linger_s seconds after its work (rank 0 saving a model, say).
+--linger_rank R, rank R stays --linger_s seconds after its work (rank 0 saving a model, say),
+and --exit_lag_s seconds more after the ranks' meeting at exit (an exit handler registered before
+the communicator's runs after it: as a slow interpreter teardown on a busy machine does).
 
   collective_worker.py OUT [--peer exit|stop|raise] [--timeout_s T] [--steps N]
-                       [--linger_rank R --linger_s S]
+                       [--linger_rank R --linger_s S --exit_lag_s L]
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import signal
@@ -29,8 +32,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--linger_rank", type=int, default=-1)
     parser.add_argument("--linger_s", type=float, default=0.0)
+    parser.add_argument("--exit_lag_s", type=float, default=0.0)
     args = parser.parse_args()
     comm = TensorFlowCommunicator(timeout_s=args.timeout_s)
+    if comm.rank == args.linger_rank and args.exit_lag_s:
+        atexit.register(time.sleep, args.exit_lag_s)  # before start(): runs after its meeting
     comm.start()
     import tensorflow as tf
     step = tf.function(lambda t: comm.allreduce([t], mean=True, name="grads")[0])
