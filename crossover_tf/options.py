@@ -227,9 +227,11 @@ class CommunicationOptions:
         reduction inside strategy.run), the gradients' allreduce goes in buckets of about this
         many bytes, each started as soon as its gradients exist, while the backward pass still
         computes (as Horovod's tape overlaps them); the device is yielded when the backward
-        pass ends and only the rest of the allreduce is left to the peer. 0: one grouped
-        allreduce after the whole backward pass (the Keras train step's, whose compute is one
-        XLA cluster that hands out all its gradients at once).
+        pass ends and only the rest of the allreduce is left to the peer. Under Horovod any
+        value above 0 submits each gradient alone, as its tape does, and Horovod's fusion
+        buffer makes the buckets. 0: one grouped allreduce after the whole backward pass (the
+        Keras train step's, whose compute is one XLA cluster that hands out all its gradients
+        at once).
     """
     backend: str = "auto"
     compression: Any = None

@@ -112,7 +112,7 @@ class Communicator(abc.ABC):
             if not dense or self.size == 1:
                 return dense
             out: list[Any] = [None] * len(dense)
-            for number, bucket in enumerate(gradients_in_buckets(dense, bucket_bytes)):
+            for number, bucket in enumerate(self.gradient_buckets(dense, bucket_bytes)):
                 reduced = self.allreduce([dense[i] for i in bucket], mean=mean,
                                          name=f"crossover_grads_{number}", device=device,
                                          compress=True)
@@ -121,6 +121,13 @@ class Communicator(abc.ABC):
             return out
 
         return map_present(reduce_all, grads)
+
+    def gradient_buckets(self, tensors: Sequence[tf.Tensor], bucket_bytes: int
+                         ) -> list[list[int]]:
+        """How allreduce_gradients splits the gradients into collectives: buckets of about
+        bucket_bytes (gradients_in_buckets). A backend whose runtime fuses tensors itself as
+        they come (Horovod) may submit each tensor alone instead."""
+        return gradients_in_buckets(tensors, bucket_bytes)
 
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrites variables with root_rank's values (initial weights, optimizer state),

@@ -63,6 +63,18 @@ class HorovodCommunicator(Communicator):
                 list(tensors), op=op, name=name,
                 compression=self.compression if compress else hvd.Compression.none)
 
+    def gradient_buckets(self, tensors: Sequence[tf.Tensor], bucket_bytes: int
+                         ) -> list[list[int]]:
+        """Overlapping (bucket_bytes > 0), each gradient is its own allreduce, last first, as
+        hvd.DistributedGradientTape submits them: Horovod's background thread fuses whatever
+        is ready each cycle (its fusion buffer is the bucket). Grouped buckets were submitted
+        late here: a bucket's op is ready only once all its gradients are, and the step's
+        inter-op threads, busy with the backward pass, ran it at the pass's end (Horovod's
+        timeline on the emulated cluster)."""
+        if bucket_bytes <= 0:
+            return super().gradient_buckets(tensors, bucket_bytes)
+        return [[i] for i in reversed(range(len(tensors)))]
+
     def broadcast(self, tensor: tf.Tensor, root_rank: int, name: str) -> tf.Tensor:
         return hvd.broadcast(tensor, root_rank, name=name)
 
