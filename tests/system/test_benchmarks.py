@@ -8,6 +8,7 @@ come from the full runs (docs/experiments.md, "Benchmarks"), never from a timed 
 """
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import sys
@@ -22,12 +23,12 @@ _NUMBER = r"(-?\d+(?:\.\d+)?)"
 
 
 def run_benchmark(name: str, env: dict[str, str], lease_dir: pathlib.Path,
-                  *flags: str) -> str:
+                  *flags: str, timeout_s: float = TIMEOUT_S) -> str:
     """`python -m benchmarks.<name> --short [flags]` from the repository root, on a lease
     directory of its own; fails unless it exits 0. Returns its output."""
     env = {**env, "CROSSOVER_LEASE_DIR": str(lease_dir)}
     result = run_bounded([sys.executable, "-m", f"benchmarks.{name}", "--short", *flags], env,
-                         TIMEOUT_S, cwd=str(REPO_ROOT))
+                         timeout_s, cwd=str(REPO_ROOT))
     assert result.returncode == 0, f"benchmarks.{name} exited {result.returncode}:\n" \
                                    f"{result.stdout[-4000:]}"
     return result.stdout
@@ -119,3 +120,103 @@ def test_allreduce_backends_times_both_backends_on_the_emulated_link(child_env, 
     assert horovod_ms >= 0.9 * link_ms and tensorflow_ms >= 0.9 * link_ms, output
     assert ratio == pytest.approx(tensorflow_ms / horovod_ms, rel=0.02), output  # ms rounded
     assert "tensorflow / horovod allreduce time over 1 round(s)" in output
+
+
+# Six two-rank jobs start TensorFlow and Horovod, four ranks at once on two cores in the pairs:
+# 9 minutes seen on a 2-core machine under other load (load average 13), about 4 expected idle.
+HOROVOD_PORT_TIMEOUT_S = 1200
+
+
+@pytest.mark.netns
+def test_horovod_port_runs_the_four_arms_and_prints_both_ratios(child_env, tmp_path):
+    """Issue 60, items 1 and 3: a Horovod loop as written and as ported, alone and in pairs, on
+    the emulated link. Every arm ran its jobs (each rank reported images/s), the ports crossed
+    on Horovod in their groups (the pair's in one group, whose jobs handed the lease over), and
+    the round's figures and both ratios are printed and recorded in the JSON."""
+    from experiments.cluster import shell
+    usable, reason = shell.netns_usable()
+    if not usable:
+        pytest.skip(f"needs root and ip netns: {reason}")
+    out = tmp_path / "out" / "result.json"
+    output = run_benchmark("horovod_port", child_env, tmp_path, "--out", str(out),
+                           timeout_s=HOROVOD_PORT_TIMEOUT_S)
+    ((alone, ported, crossed, naive, port_ratio, pair_ratio),) = figures(
+        rf"^round 0 \([a-z_, ]+\): original_alone {_NUMBER}, port_alone {_NUMBER}, "
+        rf"ports_crossed {_NUMBER}, originals_naive {_NUMBER} images/s; "
+        rf"port_alone / original_alone {_NUMBER}, ports_crossed / originals_naive {_NUMBER}$",
+        output)
+    assert min(alone, ported, crossed, naive) > 0, output
+    assert port_ratio == pytest.approx(ported / alone, rel=0.01), output  # images/s rounded
+    assert pair_ratio == pytest.approx(crossed / naive, rel=0.01), output
+    for arm in ("ports_crossed", "originals_naive"):
+        ((a, b, window_overlap),) = figures(
+            rf"^  {arm}: A {_NUMBER} \+ B {_NUMBER} images/s, timed windows overlap {_NUMBER}$",
+            output)
+        assert a > 0 and b > 0 and 0 <= window_overlap <= 1, output
+    for name in ("port_alone / original_alone", "ports_crossed / originals_naive"):
+        assert f"{name} over 1 round(s), median [min–max]: " in output, output
+
+    result = json.loads(out.read_text())
+    assert result["complete"] and result["cluster"]["emulated"], result
+    (record,) = result["rounds"]
+    arms = record["arms"]
+    assert list(arms) == ["original_alone", "port_alone", "ports_crossed", "originals_naive"]
+    assert sorted(record["order"]) == sorted(arms)
+    for arm, jobs in (("original_alone", 1), ("port_alone", 1), ("ports_crossed", 2),
+                      ("originals_naive", 2)):
+        assert len(arms[arm]["jobs"]) == jobs, (arm, arms[arm])
+        assert arms[arm]["images_per_s"] > 0, (arm, arms[arm])
+        for job in arms[arm]["jobs"].values():
+            assert [r["rank"] for r in job["ranks"]] == [0, 1], (arm, job)
+            assert all(r["images_per_s"] > 0 and r["size"] == 2 for r in job["ranks"]), job
+    groups = {arm: {r["group"] for job in arms[arm]["jobs"].values() for r in job["ranks"]}
+              for arm in ("port_alone", "ports_crossed")}
+    assert all(len(g) == 1 and "" not in g for g in groups.values()), groups
+    assert groups["port_alone"] != groups["ports_crossed"], groups
+    crossed_ranks = [r for job in arms["ports_crossed"]["jobs"].values() for r in job["ranks"]]
+    assert sum(r["lease"]["handoffs"] for r in crossed_ranks) > 0, crossed_ranks
+    assert result["summary"]["ratios"]["ports_crossed / originals_naive"]["median"] == \
+        pytest.approx(record["ratios"]["ports_crossed / originals_naive"])
+
+
+# Five fresh processes, each starting TensorFlow and tracing a (tiny) MobileNetV2: 6 minutes
+# seen on a 2-core machine under other load (load average 13), about 2 expected idle.
+KERAS3_STEP_TIME_TIMEOUT_S = 900
+
+
+def test_keras3_step_time_times_every_arm_and_prints_the_ratios(child_env, tmp_path):
+    """Issue 60, item 2: tf_keras and Keras 3 plain, Keras 3 under the strategy with no group,
+    and both ported into a crossover group of one each step, in a process of their own; each
+    arm's row and the four ratios are printed, each process ran the Keras it names, the crossed
+    arms took the lease twice a step (acquire, re-acquire) and left no segment behind, and the
+    JSON holds every run."""
+    out = tmp_path / "keras3_step_time.json"
+    lease_dir = tmp_path / "lease"
+    lease_dir.mkdir()
+    output = run_benchmark("keras3_step_time", child_env, lease_dir, "--out", str(out),
+                           timeout_s=KERAS3_STEP_TIME_TIMEOUT_S)
+    arms = ("tf_keras_plain", "keras3_plain", "keras3_strategy", "keras3_crossed",
+            "tf_keras_crossed")
+    for arm in arms:
+        ((keras_major, median_s, low_s, high_s),) = figures(
+            rf"^\| {arm} \| (\d+)\.[\d.]+ \| {_NUMBER} \| {_NUMBER}–{_NUMBER} \|", output)
+        assert keras_major == (2 if arm.startswith("tf_keras") else 3), output
+        assert 0 < low_s <= median_s <= high_s < 60, output
+    for top, bottom in (("keras3_plain", "tf_keras_plain"), ("keras3_strategy", "keras3_plain"),
+                        ("keras3_crossed", "keras3_plain"),
+                        ("tf_keras_crossed", "tf_keras_plain")):
+        ((ratio,),) = figures(rf"^{top}/{bottom}: {_NUMBER} \(rounds ", output)
+        assert 0.05 < ratio < 20, output  # a broken arm, not a slow machine
+    for arm in ("keras3_crossed", "tf_keras_crossed"):
+        ((acquires, steps),) = figures(
+            rf"^  {arm}: the lease acquired {_NUMBER} times in {_NUMBER} steps$", output)
+        assert acquires == 2 * steps, output
+    assert list(lease_dir.iterdir()) == [], list(lease_dir.iterdir())
+
+    result = json.loads(out.read_text())
+    assert list(result["runs"]) == list(arms), result["runs"].keys()
+    for arm, (run,) in result["runs"].items():
+        assert run["step_s"] and run["arm"] == arm, run
+        assert bool(run["group"]) == arm.endswith("_crossed"), run
+        assert run["traced_graph"]["ops"] > 0 and run["optimized_graph"]["ops"] > 0, run
+    assert result["ratios"]["keras3_crossed/keras3_plain"]["rounds"], result["ratios"]
