@@ -21,9 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import time
 from typing import Any, Callable
+
+from experiments.file_barrier import wait_at_barrier  # Keras-free: a tf_keras rank loads it
 
 LEARNING_RATE = 0.01  # Horovod's synthetic benchmark's
 
@@ -55,20 +56,6 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if args.warmup_steps < 1 or args.steps < 1:
         parser.error("--warmup_steps and --steps must be >= 1 (the first step broadcasts)")
     return args
-
-
-def wait_at_barrier(spec: str, me: str, timeout_s: float) -> None:
-    """experiments/barrier.py's file barrier, bounded the same way; kept here because that
-    module imports Keras 3, which a plain Horovod rank on tf_keras should not load."""
-    directory, _, count = spec.rpartition(":")
-    pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
-    pathlib.Path(directory, me).touch()
-    deadline = time.monotonic() + timeout_s
-    while len(os.listdir(directory)) < int(count):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"barrier {spec}: only {sorted(os.listdir(directory))} arrived "
-                               f"within {timeout_s} s (did a peer job die?)")
-        time.sleep(0.01)
 
 
 def keras_library(which: str) -> Any:
