@@ -99,8 +99,9 @@ class Communicator(abc.ABC):
         allreduce per bucket of about bucket_bytes, filled from the last gradient backwards
         (gradients_in_buckets): traced in a graph, each bucket's collective starts as soon as
         its own gradients exist, while the backward pass still computes the earlier layers'
-        (what Horovod's tape gets from its per-tensor ops and fusion buffer). The sums are the
-        same either way, element by element.
+        (what Horovod's tape gets from its per-tensor ops and fusion buffer). With two ranks the
+        sums are the same either way, element by element; with more, the ring's or fusion
+        buffer's layout, and so the order of a sum's terms, may differ in the last bits.
 
         Sparse gradients are densified: a grouped allreduce needs dense tensors, and for the
         models this project targets the dense path is what Horovod's sparse_as_dense would

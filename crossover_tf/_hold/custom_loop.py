@@ -201,26 +201,29 @@ def reduce_yielded(tensors: list[Any], reduce: Any) -> list[Any]:
     re-acquire, so the device is never held while the step waits on the network. The tape's
     allreduce and the reductions inside strategy.run both go through it.
 
-    reduce(tensors, overlap) says whether its collectives may start before the yield. In a
-    traced hold they may (overlap=True): the yield waits for every op written so far (the
-    forward and backward passes, the metrics) but not for the collectives, which are written
-    after it and consume the gradients as they come, so a bucket's allreduce runs on the
-    network while the backward pass computes the next; the re-acquire waits for the yield
-    and the reduced values. Eagerly, program order is the order (overlap=False)."""
+    reduce(tensors, overlap, yielded) says whether its collectives may start before the yield,
+    and passes the yield's output (None: no yield) for what must wait for it (the link turn's
+    wait, a blocking kernel). In a traced hold they may (overlap=True): the yield waits for
+    every op written so far (the forward and backward passes, the metrics) but not for the
+    collectives, which are written after it and consume the gradients as they come, so a
+    bucket's allreduce runs on the network while the backward pass computes the next; the
+    re-acquire waits for the yield and the reduced values. Eagerly, program order is the order
+    (overlap=False).
+    """
     hold = innermost_hold()
     if tf.executing_eagerly():
-        return reduce(tensors, False) if hold is None else hold.acquire_after(
-            reduce(hold.yield_for(tensors), False))
+        return reduce(tensors, False, None) if hold is None else hold.acquire_after(
+            reduce(hold.yield_for(tensors), False, None))
     if hold is None or hold.lease is None:  # nothing to yield
-        return _reduce_in_parallel(tensors, reduce)
+        return _reduce_in_parallel(tensors, reduce, None)
     if not hold.traced:  # a hold opened eagerly around a traced reduction: in program order
-        return hold.acquire_after(reduce(hold.yield_for(tensors), False))
+        return hold.acquire_after(reduce(hold.yield_for(tensors), False, None))
     yielded = hold.yield_when_written()
-    return hold.acquire_after(_reduce_in_parallel(tensors, reduce), yielded)
+    return hold.acquire_after(_reduce_in_parallel(tensors, reduce, yielded), yielded)
 
 
-def _reduce_in_parallel(tensors: list[Any], reduce: Any) -> list[Any]:
-    """reduce(tensors, True) traced so that its stateful ops (the link turn's wait, a
+def _reduce_in_parallel(tensors: list[Any], reduce: Any, yielded: Any) -> list[Any]:
+    """reduce(tensors, True, yielded) traced so that its stateful ops (the link turn's wait, a
     TensorFlow collective) run when their inputs exist. tf.function otherwise chains every
     stateful op that takes no resource in program order (auto_control_deps), which would make
     each bucket's collective wait for the mid-step yield written before it, and each bucket
@@ -228,7 +231,7 @@ def _reduce_in_parallel(tensors: list[Any], reduce: Any) -> list[Any]:
     buckets -> turn done -> re-acquire (which also waits for the yield)."""
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
-    reduced = reduce(tensors, True)
+    reduced = reduce(tensors, True, yielded)
     manager = getattr(graph, "experimental_acd_manager", None)
     if manager is not None:
         for op in graph.get_operations()[first:]:

@@ -96,6 +96,6 @@ class CrossoverGradientTape:
                 "allreduce does not")
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = [None if g is None else tf.convert_to_tensor(g) for g in tf.nest.flatten(grads)]
-        flat = reduce_yielded(flat, lambda ts, overlap: self._protocol.allreduce_gradients_in_turn(
-            ts, overlap=overlap))
+        flat = reduce_yielded(flat, lambda ts, overlap, yielded: (
+            self._protocol.allreduce_gradients_in_turn(ts, overlap=overlap, after=yielded)))
         return tf.nest.pack_sequence_as(grads, flat)

@@ -148,11 +148,11 @@ class RunContext:
         flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(value)]
         if self._reducing_gradients:
             reduced = reduce_yielded(
-                flat, lambda ts, overlap: self._protocol.allreduce_gradients_in_turn(
-                    ts, mean=mean, overlap=overlap))
+                flat, lambda ts, overlap, yielded: self._protocol.allreduce_gradients_in_turn(
+                    ts, mean=mean, overlap=overlap, after=yielded))
         else:
             reduced = reduce_yielded(
-                flat, lambda ts, _: [self._protocol.comm.reduce(reduce_op, t) for t in ts])
+                flat, lambda ts, *_: [self._protocol.comm.reduce(reduce_op, t) for t in ts])
         return tf.nest.pack_sequence_as(value, reduced)
 
     def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:

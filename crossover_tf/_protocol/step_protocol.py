@@ -95,7 +95,7 @@ class StepProtocol:
         return self.comm.allreduce_gradients(grads, self.allreduce_device, mean, bucket_bytes)
 
     def allreduce_gradients_in_turn(self, grads: Sequence[Any], mean: bool = True,
-                                    overlap: bool = False) -> list[Any]:
+                                    overlap: bool = False, after: Any = None) -> list[Any]:
         """allreduce_gradients, after the other jobs' earlier allreduces when the job takes
         link turns (joining them on first use). The Keras step, the custom loop's tape and the
         optimizer's reduction inside strategy.run call it between their yield and re-acquire,
@@ -105,9 +105,12 @@ class StepProtocol:
         CommunicationOptions.bucket_bytes, each free to start once its gradients exist, while
         the backward pass still runs with the device held: the collectives run on the
         backend's threads, the step's own threads keep computing, and the device is yielded
-        when the backward pass ends whatever the network's state. The link turn's wait gates
-        every bucket and starts with the first gradient the backward pass makes (the last
-        variable's), so the jobs' allreduces stay in turn."""
+        when the backward pass ends whatever the network's state. With link turns, the turn's
+        wait gates every bucket and waits for `after` (the mid-step yield) too: it is a
+        blocking kernel, and one that blocked while the device was held (run inline on the
+        thread of the backward pass, as TensorFlow runs a cheap or a GPU kernel) would hold the
+        device idle until the peer's turn ended. So under link turns the buckets start once the
+        device is yielded and the turn is this job's; without them, during the backward pass."""
         bucket_bytes = self.communication.bucket_bytes if overlap else 0
         link_turn = self.link_turn
         if link_turn is None:
@@ -115,8 +118,9 @@ class StepProtocol:
         with tf.init_scope():  # traced in a tf.function: join now, eagerly, not in the graph
             if not link_turn.joined:
                 self.join_link_turn()
-        grads = (_gated(link_turn.wait, list(grads)) if bucket_bytes
-                 else map_present(link_turn.wait, list(grads)))
+        with tf.control_dependencies([] if after is None else [after]):
+            grads = (_gated(link_turn.wait, list(grads)) if bucket_bytes
+                     else map_present(link_turn.wait, list(grads)))
         return map_present(link_turn.done, self.allreduce_gradients(grads, mean, bucket_bytes))
 
     # ----- the link turn's life --------------------------------------------------------------

@@ -37,7 +37,8 @@ def bring_up(group: str, lease: LeaseOptions, link_turn: LinkTurnOptions | None,
     comm.start()
     driver = devices.CudaDriver() if gpu_ordinal is not None else None
     device_key = device.device_key or devices.device_key(comm.local_rank, gpu_ordinal, driver)
-    first_rank = _check_consistent_across_ranks(group, device_key, comm)
+    first_rank = _check_consistent_across_ranks(group, device_key, comm,
+                                                communication.bucket_bytes)
     device_lease = (lease_lib.DeviceLease(
         group, device_key, lease.timeout_s, lease.priority, lease_dir=lease.lease_dir,
         shared_group=lease.shared_group, job=lease.job or default_job_label(first_rank))
@@ -101,13 +102,18 @@ def _configure_devices(configure: bool, memory: devices.GpuMemoryPolicy,
     return devices.physical_gpu_ordinal(gpus, chosen)
 
 
-def _check_consistent_across_ranks(group: str, device_key: str,
-                                   comm: Communicator) -> dict[str, Any]:
-    """Fails fast on configuration that would deadlock or silently mis-schedule later;
+def _check_consistent_across_ranks(group: str, device_key: str, comm: Communicator,
+                                   bucket_bytes: int = 0) -> dict[str, Any]:
+    """Fails fast on configuration that would deadlock or silently mis-schedule later (ranks
+    with different bucket_bytes would build different collectives and wait in them);
     returns rank 0's description (its host and pid name the job by default)."""
     mine = {"group": group, "host": socket.gethostname(), "device_key": device_key,
-            "pid": os.getpid()}
+            "pid": os.getpid(), "bucket_bytes": bucket_bytes}
     everyone = comm.gather(mine)
+    if len({c["bucket_bytes"] for c in everyone}) > 1:
+        per_rank = ", ".join(f"rank {r}: {c['bucket_bytes']}" for r, c in enumerate(everyone))
+        raise ValueError("crossover_tf: ranks of one job must use the same "
+                         f"CommunicationOptions.bucket_bytes; got {per_rank}")
     groups = sorted({c["group"] for c in everyone})
     if len(groups) > 1:
         per_rank = ", ".join(f"rank {r}: {c['group']!r}" for r, c in enumerate(everyone))

@@ -24,18 +24,14 @@ def turn_intervals(result: dict) -> np.ndarray:
     return np.asarray(result["turn_timeline"], dtype=np.int64).reshape(-1, 4)[:, 1:3]
 
 
-def check_turns_inside_steps(result: dict, steps: int, overlapped: bool = False) -> None:
-    """One rank took one link turn a step, none skipped, each begun after its step's yield
-    (overlapped, as a traced custom loop's buckets are: after its compute began) and done
-    before its apply began (its "timeline" is the lease's)."""
+def check_turns_inside_steps(result: dict, steps: int) -> None:
+    """One rank took one link turn a step, none skipped, each begun after its step's yield and
+    done before its apply began (its "timeline" is the lease's)."""
     stats = result["link_turn_stats"]
     assert stats["turns"] == steps and stats["skipped"] == 0, stats
     phases = timeline.step_phases(result["timeline"])
     turns = turn_intervals(result)
-    if overlapped:
-        assert np.all(phases[:, 0] <= turns[:, 0]), "allreduce began before the compute"
-    else:
-        assert np.all(phases[:, 1] <= turns[:, 0]), "allreduce began before the yield"
+    assert np.all(phases[:, 1] <= turns[:, 0]), "allreduce began before the yield"
     assert np.all(turns[:, 1] <= phases[:, 3]), "apply began before the allreduce ended"
 
 
