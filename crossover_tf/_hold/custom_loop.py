@@ -142,10 +142,7 @@ class DeviceHold:
         """In a trace: a yield that waits for everything written so far and passes nothing
         through, so the collectives written after it may start before it (reduce_yielded's
         overlap); returns the yield's output, for the re-acquire to wait on."""
-        with tf.control_dependencies(self._written()):
-            token = self.lease.yield_device(tf.constant(0))
-        self._mark = len(self._graph.get_operations())
-        return token
+        return self.yield_for([tf.constant(0)])[0]
 
     def acquire_after(self, tensors: list[Any], yielded: Any = None) -> list[Any]:
         """Passes the reduced gradients through the re-acquire (which also waits for yielded,
@@ -211,12 +208,11 @@ def reduce_yielded(tensors: list[Any], reduce: Any) -> list[Any]:
     (overlap=False).
     """
     hold = innermost_hold()
-    if tf.executing_eagerly():
-        return reduce(tensors, False, None) if hold is None else hold.acquire_after(
-            reduce(hold.yield_for(tensors), False, None))
+    eager = tf.executing_eagerly()
     if hold is None or hold.lease is None:  # nothing to yield
-        return _reduce_in_parallel(tensors, reduce, None)
-    if not hold.traced:  # a hold opened eagerly around a traced reduction: in program order
+        return reduce(tensors, False, None) if eager else _reduce_in_parallel(
+            tensors, reduce, None)
+    if eager or not hold.traced:  # (a hold opened eagerly around a traced reduction too)
         return hold.acquire_after(reduce(hold.yield_for(tensors), False, None))
     yielded = hold.yield_when_written()
     return hold.acquire_after(_reduce_in_parallel(tensors, reduce, yielded), yielded)
